@@ -3,8 +3,69 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from pathlib import Path
+
+from diag.errors import ExitCode
 
 Register = Callable[[argparse._SubParsersAction], None]  # type: ignore[type-arg]
 
-REGISTER: tuple[Register, ...] = ()
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """The options analyze, tui, live and gate share (DESIGN.md contract)."""
+    p.add_argument("--db", default=None, help="DuckDB file to ingest into and keep (default: in memory)")
+    p.add_argument("--model", default=None,
+                   help="llama3-8b | llama3-70b | llama3-405b | FILE.toml (default: model.toml beside the traces, "
+                        "else FLOPs inferred from the trace)")
+    p.add_argument("--gpu", default=None, help="hardware part: h100-sxm, h100-pcie, h100-nvl, h200, a100, b200, ...")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="override the dense peak (still checked against 'with sparsity' figures)")
+
+
+def analyze_options(args: argparse.Namespace) -> object:
+    from diag.engine import AnalyzeOptions
+
+    return AnalyzeOptions(model=args.model, gpu=args.gpu, peak_tflops=args.peak_tflops)
+
+
+def _register_analyze(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from diag.cli import add_ingest_options
+
+    p = sub.add_parser("analyze", help="ingest what is new, attribute every step, print the report")
+    p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
+    add_model_options(p)
+    add_ingest_options(p)
+    p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    p.add_argument("--out", default=None, help="write the report here instead of stdout")
+    p.set_defaults(handler=_run_analyze)
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    from diag.api import analyze_path
+    from diag.cli import ingest_options
+    from diag.engine import AnalyzeOptions
+    from diag.ingest.pipeline import IngestOptions
+    from diag.report import render
+
+    opts = analyze_options(args)
+    iopts = ingest_options(args)
+    assert isinstance(opts, AnalyzeOptions) and isinstance(iopts, IngestOptions)
+    _, report = analyze_path(args.path, args.db, opts, iopts)
+    text = render(report, args.format)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return ExitCode.OK
+
+
+def _register_mfu(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from diag.mfu import add_mfu_arguments, run_mfu
+
+    p = sub.add_parser("mfu", help="MFU from tokens/s (or tokens/s from MFU) for a model and GPU count")
+    add_mfu_arguments(p)
+    p.set_defaults(handler=run_mfu)
+
+
+REGISTER: tuple[Register, ...] = (_register_analyze, _register_mfu)

@@ -1,0 +1,113 @@
+"""What the rules see and what they produce: step and run contexts, findings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.collectives import ClockOffset, Matched
+from diag.ledger import StepLedger
+from diag.states import StepStates
+from diag.timeline import RankTimeline
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The denominator: dense peak of the part and dtype the GEMMs ran in."""
+
+    tflops: float | None          # None: unknown part and no --peak-tflops
+    part_key: str | None
+    part_name: str | None
+    dtype: str
+    source: str                   # how it was decided, one line
+    user_tflops: float | None     # --peak-tflops as given
+    hbm_gbps: float | None
+    nvlink_gbps: float | None
+
+    @property
+    def flops_per_s(self) -> float | None:
+        return None if self.tflops is None else self.tflops * 1e12
+
+
+@dataclass(frozen=True)
+class StepContext:
+    tl: RankTimeline
+    index: int                    # into tl.steps
+    states: StepStates
+    peak: Peak
+
+    @property
+    def activities(self) -> Sequence[int]:
+        import numpy as np
+
+        return list(np.nonzero(self.tl.step_of == self.index)[0])
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    slug: str
+    severity: str                 # high | medium | low | info
+    lost_fraction: float          # of step time; × 100 = the MFU points it costs in the waterfall
+    lost_s: float                 # per step, mean over ranks and steps
+    ranks: list[int]
+    steps: list[int]
+    evidence: list[str]           # ids the TUI jumps to: act:<file>:<i>, coll:<instance>, step:<rank>:<step>
+    advice: str
+    summary: str                  # one line: what was found, with the numbers
+    what_if_mfu: float | None     # the MFU if this cause were removed
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mfu_points(self) -> float:
+        # At the dense peak the whole step would be model compute: each bucket's share of the step
+        # is the MFU points it takes from 100% (the waterfall sums to the achieved MFU).
+        return self.lost_fraction * 100
+
+
+@dataclass
+class RunContext:
+    timelines: list[RankTimeline]
+    ledgers: list[StepLedger]
+    states: dict[tuple[int, int], StepStates]     # (file_id, step index) → states
+    matched: list[Matched]
+    offsets: dict[int, ClockOffset]
+    peak: Peak
+    mfu: float | None
+    hfu: float | None
+    world_size: int
+    exposed_ns: dict[tuple[int, int], int]       # (file_id, activity index) → comm time with no compute beside it
+    notes: list[str] = field(default_factory=list)
+
+    def mean_fraction(self, bucket: str) -> float:
+        if not self.ledgers:
+            return 0.0
+        return sum(lg.fractions()[bucket] for lg in self.ledgers) / len(self.ledgers)
+
+    def mean_seconds(self, bucket: str) -> float:
+        if not self.ledgers:
+            return 0.0
+        return sum(lg.buckets[bucket] for lg in self.ledgers) / len(self.ledgers)
+
+    def what_if(self, fraction: float) -> float | None:
+        """MFU if a cause taking `fraction` of the step were removed: the same work in less time."""
+        if self.mfu is None or fraction >= 1.0:
+            return None
+        return self.mfu / (1.0 - fraction)
+
+    def involved(self, bucket: str, min_fraction: float = 0.0) -> tuple[list[int], list[int]]:
+        ranks = sorted({lg.rank for lg in self.ledgers if lg.fractions()[bucket] > min_fraction})
+        steps = sorted({lg.step for lg in self.ledgers if lg.fractions()[bucket] > min_fraction})
+        return ranks, steps
+
+
+def severity(points: float) -> str:
+    """From the MFU-relative cost in percent of the step: ≥10 high, ≥3 medium, ≥1 low, else info."""
+    if points >= 10:
+        return "high"
+    if points >= 3:
+        return "medium"
+    if points >= 1:
+        return "low"
+    return "info"

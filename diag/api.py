@@ -1,0 +1,67 @@
+"""One call from a path to an analysis: what analyze, tui, live and gate share."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from diag import store
+from diag.engine import Analysis, AnalyzeOptions, analyze
+from diag.errors import BadInput
+from diag.ingest.pipeline import IngestOptions, ingest
+from diag.report import build_report
+
+_DUCKDB_MAGIC = b"DUCK"
+
+
+def is_duckdb_file(path: str | Path) -> bool:
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with p.open("rb") as f:
+        head = f.read(12)
+    return head[8:12] == _DUCKDB_MAGIC
+
+
+@dataclass
+class Opened:
+    con: duckdb.DuckDBPyConnection
+    errors: list[BadInput] = field(default_factory=list)
+    model_file: str | None = None      # model.toml found beside the traces
+
+
+def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOptions(),
+               progress: Any = None) -> Opened:
+    """A store holding PATH: the DuckDB file itself, or PATH's traces ingested into `db`
+    (in memory when None). Files that cannot be read are returned, not raised, unless none can."""
+    if is_duckdb_file(path):
+        return Opened(store.connect(path))
+    con = store.connect(db)
+    result = ingest([path], con, ingest_opts, progress=progress)
+    n = con.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchone()
+    if result.errors and not (n and n[0]):
+        raise result.errors[0]
+    model = Path(path) / "model.toml" if Path(path).is_dir() else Path(path).parent / "model.toml"
+    return Opened(con, result.errors, str(model) if model.is_file() else None)
+
+
+def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(),
+                 ingest_opts: IngestOptions = IngestOptions(), warn: bool = True) -> tuple[Analysis, dict[str, Any]]:
+    opened = open_store(path, db, ingest_opts)
+    if opts.model is None and opened.model_file:
+        opts = AnalyzeOptions(model=opened.model_file, gpu=opts.gpu, peak_tflops=opts.peak_tflops)
+    for e in opened.errors:
+        if warn:
+            print(f"diag: warning: {e.one_line()}; analyzing the other files", file=sys.stderr)
+    a = analyze(opened.con, opts)
+    if opened.errors:
+        a.run.notes.append(f"{len(opened.errors)} file(s) could not be read and were left out")
+    if opened.model_file and opts.model == opened.model_file:
+        a.run.notes.append(f"model description from {opened.model_file}")
+    report = build_report(a)
+    opened.con.close()
+    return a, report

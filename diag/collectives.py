@@ -1,0 +1,216 @@
+"""Collectives across ranks (the reduce step): one row per call per rank, matched into instances,
+with each rank's wait for the last arrival, and the clock offset of every rank.
+
+- A call's process group, Seq and sizes come from the `record_param_comms` CPU op around its
+  launch (or from the kernel's own args in newer Kineto); without them, from the kernel name.
+- Instances match by (capture window, process group, Seq), else by the call's ordinal within its
+  process group on each rank.
+- The last rank to arrive has the shortest kernel; every other rank's extra duration is waiting
+  for it (DESIGN.md). This needs no clock alignment.
+- Clocks: the ends of one instance are simultaneous on all ranks to within microseconds, so
+  each rank's offset is the median over shared instances of (reference end − its end), chained
+  from the lowest rank through the process groups that connect the ranks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+
+from diag.links import bus_factor, normalize_collective
+from diag.timeline import RankTimeline
+
+# Bytes per element of the dtypes record_param_comms writes ("Float", "BFloat16", ...).
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "float64": 8,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "byte": 1, "uint8": 1,
+    "char": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective call on one rank."""
+
+    rank: int
+    file_id: int
+    window: int
+    act: int                 # index of the kernel in the rank's timeline
+    step: int | None
+    pg_name: str
+    pg_desc: str | None
+    collective: str
+    seq: int | None
+    group_size: int | None
+    group_ranks: str | None
+    msg_bytes: int | None
+    dtype: str | None
+    ts_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Matched:
+    call: Call
+    ordinal: int
+    instance: str
+    wait_ns: int
+    last_rank: int | None
+    n_matched: int
+
+
+def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
+    comm = [i for i, k in enumerate(tl.kclass) if k == "comm"]
+    if not comm:
+        return []
+    args = con.execute(
+        """
+        SELECT source, tid, ts_ns, ts_ns + dur_ns, correlation, collective, pg_name, pg_desc, seq,
+               group_size, pg_ranks, in_nelems, out_nelems, dtype
+        FROM collective_args WHERE file_id = ? ORDER BY tid, ts_ns
+        """,
+        [tl.file_id],
+    ).fetchall()
+    by_corr = {a[4]: a for a in args if a[0] == "kernel" and a[4] is not None}
+    by_tid: dict[int, list[tuple]] = defaultdict(list)  # type: ignore[type-arg]
+    for a in args:
+        if a[0] == "cpu_op":
+            by_tid[a[1]].append(a)
+    calls = []
+    for i in comm:
+        a = by_corr.get(tl.correlation[i]) or _enclosing(by_tid, tl.launch_tid[i], tl.launch_ts_ns[i])
+        kname = tl.collective[i] or "unknown"
+        step = int(tl.step_of[i])
+        if a is None:
+            if kname == "sendrecv":
+                # NCCL runs all-to-all as grouped send/recv: without the CPU-side op we cannot
+                # tell a pipeline transfer from an all-to-all, so it is not called a bubble.
+                kname = "alltoall|sendrecv"
+            calls.append(Call(tl.rank, tl.file_id, tl.capture_window, i, step if step >= 0 else None,
+                              "unknown", None, kname, None, None, None, None, None,
+                              int(tl.ts_ns[i]), int(tl.end_ns[i])))
+            continue
+        coll = normalize_collective(a[5] or "") or kname
+        ranks = a[10]
+        size = _DTYPE_BYTES.get((a[13] or "").lower().removeprefix("c10::"))
+        nelems = max(a[11] or 0, a[12] or 0)
+        calls.append(Call(
+            tl.rank, tl.file_id, tl.capture_window, i, step if step >= 0 else None, a[6] or "unknown", a[7],
+            coll, a[8], a[9], None if ranks is None else ",".join(map(str, ranks)),
+            nelems * size if size and nelems else None, a[13], int(tl.ts_ns[i]), int(tl.end_ns[i]),
+        ))
+    return calls
+
+
+def _enclosing(by_tid: dict[int, list[tuple]], tid: int | None, ts: int | None) -> tuple | None:  # type: ignore[type-arg]
+    """The innermost record_param_comms span on the launching thread that contains the launch."""
+    if tid is None or ts is None:
+        return None
+    best = None
+    for a in by_tid.get(tid, ()):
+        if a[2] > ts:
+            break
+        if a[3] >= ts:
+            best = a
+    return best
+
+
+def match(calls: Iterable[Call]) -> list[Matched]:
+    ordered = sorted(calls, key=lambda c: (c.rank, c.window, c.ts_ns))
+    ordinal: dict[tuple[int, int, str], int] = defaultdict(int)
+    keyed: list[tuple[Call, int, str]] = []
+    for c in ordered:
+        k = (c.rank, c.window, c.pg_name)
+        o = ordinal[k]
+        ordinal[k] += 1
+        key = f"w{c.window}|{c.pg_name}|seq{c.seq}" if c.seq is not None else f"w{c.window}|{c.pg_name}|#{o}"
+        keyed.append((c, o, key))
+    groups: dict[str, list[Call]] = defaultdict(list)
+    for c, _, key in keyed:
+        groups[key].append(c)
+    out = []
+    for c, o, key in keyed:
+        members = [m for m in groups[key] if m.collective == c.collective]
+        if len(members) < 2 or c.collective == "sendrecv":
+            # Point-to-point waits are pipeline bubble, not stragglers (docs/ledger.md).
+            out.append(Matched(c, o, key, 0, None, len(members)))
+            continue
+        durs = {m.rank: m.end_ns - m.ts_ns for m in members}
+        last = min(durs, key=lambda r: (durs[r], r))
+        out.append(Matched(c, o, key, max(0, durs[c.rank] - durs[last]), last, len(members)))
+    return out
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    rank: int
+    offset_ns: int
+    n_matches: int
+    spread_ns: int
+
+
+def clock_offsets(matched: list[Matched], ranks: Iterable[int]) -> dict[int, ClockOffset]:
+    by_key: dict[str, list[Call]] = defaultdict(list)
+    for m in matched:
+        if m.n_matched >= 2:
+            by_key[m.instance].append(m.call)
+    pair: dict[tuple[int, int], list[int]] = defaultdict(list)   # (ref, other) → ref_end − other_end
+    for members in by_key.values():
+        ends = {c.rank: c.end_ns for c in members}
+        ref = min(ends)
+        for r, e in ends.items():
+            if r != ref:
+                pair[(ref, r)].append(ends[ref] - e)
+    all_ranks = sorted(set(ranks))
+    result: dict[int, ClockOffset] = {}
+    if not all_ranks:
+        return result
+    edges: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)
+    for (a, b), d in pair.items():
+        med = int(statistics.median(d))
+        mad = int(statistics.median([abs(x - med) for x in d]))
+        edges[a].append((b, med, len(d), mad))
+        edges[b].append((a, -med, len(d), mad))
+    for root in all_ranks:
+        if root in result:
+            continue
+        result[root] = ClockOffset(root, 0, 0, 0)
+        queue = [root]
+        while queue:
+            a = queue.pop(0)
+            for b, med, n, mad in sorted(edges[a], key=lambda e: -e[2]):
+                if b not in result:
+                    result[b] = ClockOffset(b, result[a].offset_ns + med, n, mad)
+                    queue.append(b)
+    return result
+
+
+def collective_rows(matched: list[Matched], offsets: dict[int, ClockOffset]) -> list[tuple]:  # type: ignore[type-arg]
+    rows = []
+    for m in matched:
+        c = m.call
+        off = offsets[c.rank].offset_ns if c.rank in offsets else 0
+        dur = c.end_ns - c.ts_ns
+        transfer = max(dur - m.wait_ns, 0)
+        algbw = c.msg_bytes / transfer if c.msg_bytes and transfer > 0 else None  # bytes/ns = GB/s
+        n = c.group_size or m.n_matched
+        busbw = algbw * bus_factor(c.collective, n) if algbw is not None and n else None
+        rows.append((
+            c.file_id, c.rank, c.step, c.pg_name, c.pg_desc, c.collective, c.seq, m.ordinal, m.instance,
+            c.group_size, c.group_ranks, c.msg_bytes, c.dtype, c.ts_ns, c.end_ns, c.ts_ns + off, c.end_ns + off,
+            m.wait_ns, transfer, m.last_rank, m.n_matched, algbw, busbw,
+        ))
+    return rows
+
+
+def wait_intervals(matched: list[Matched], rank: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """[start, start + wait) of each call of one rank's window: the time spent waiting for the last rank."""
+    s = [m.call.ts_ns for m in matched if m.call.rank == rank and m.call.window == window and m.wait_ns > 0]
+    w = [m.wait_ns for m in matched if m.call.rank == rank and m.call.window == window and m.wait_ns > 0]
+    start = np.asarray(s, np.int64)
+    return start, start + np.asarray(w, np.int64)

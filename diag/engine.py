@@ -1,0 +1,247 @@
+"""Runs the analysis over a store: timelines (map), collectives (reduce), ledger and rules."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+import duckdb
+
+from diag import hardware, model as model_mod, store
+from diag.analysis import Finding, Peak, RunContext, StepContext
+from diag.collectives import calls_of, clock_offsets, collective_rows, match, wait_intervals
+from diag.errors import BadInput
+from diag.ledger import StepLedger
+from diag.states import STATES, StateRuns, StepStates, exposed_comm_ns, rank_states
+from diag.timeline import RankTimeline, load_rank, rank_files
+from rules import RULES
+from rules.base import Rule
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    model: str | None = None          # preset name or TOML path
+    gpu: str | None = None            # hardware part key
+    peak_tflops: float | None = None  # override (checked against "with sparsity" figures)
+
+
+@dataclass
+class Analysis:
+    run: RunContext
+    findings: list[Finding]
+    model: model_mod.ModelSpec | None
+    flops_source: str                 # how model FLOPs were obtained, one line
+    runs: dict[int, StateRuns] = field(default_factory=dict)   # file_id → state runs (for lanes)
+
+
+def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOptions()) -> Analysis:
+    files = rank_files(con)
+    if not files:
+        raise BadInput(str(con), "no Kineto traces in the store: ingest some first")
+    spec = model_mod.load_model(opts.model) if opts.model else None
+    timelines = [load_rank(con, f) for f in files]
+
+    # Reduce: collectives across ranks, then each rank's waits and clock offset.
+    calls = [c for tl in timelines for c in calls_of(con, tl)]
+    by_file = {tl.file_id: tl for tl in timelines}
+    for c in calls:
+        by_file[c.file_id].collective[c.act] = c.collective   # the CPU side names it better than the kernel
+    matched = match(calls)
+    offsets = clock_offsets(matched, [tl.rank for tl in timelines])
+    peak = resolve_peak(timelines, opts)
+    world = max([tl.world_size or 0 for tl in timelines] + [len({tl.rank for tl in timelines})])
+
+    states: dict[tuple[int, int], StepStates] = {}
+    runs: dict[int, StateRuns] = {}
+    exposed: dict[tuple[int, int], int] = {}
+    for tl in timelines:
+        per_step, runs[tl.file_id] = rank_states(tl, wait_intervals(matched, tl.rank, tl.capture_window))
+        for i, st in enumerate(per_step):
+            states[(tl.file_id, i)] = st
+        exposed.update({(tl.file_id, i): v for i, v in exposed_comm_ns(tl).items()})
+
+    flops_source = _model_flops(timelines, states, spec, world)
+    rules = [r() for r in RULES]
+    ledgers = [_ledger(tl, i, states[(tl.file_id, i)], peak, rules)
+               for tl in timelines for i in range(len(tl.steps.step))]
+    mfu, hfu = _utilization(states, peak)
+    run = RunContext(timelines, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed)
+    run.notes.append(flops_source)
+    run.notes.append(f"peak: {peak.source}")
+    for tl in timelines:
+        if not tl.steps.from_profiler_step:
+            run.notes.append(f"rank {tl.rank}: no ProfilerStep spans; one window for the whole capture")
+    refused = sum(lg.refused_s.get("model_compute", 0.0) for lg in ledgers)
+    if refused > 0:
+        run.notes.append(
+            f"model FLOPs at the peak exceed the compute time by {refused:.3g} s in total: the model "
+            "description is larger than what ran, or the peak is below what the part did"
+        )
+    findings = sorted((f for r in rules for f in r.findings(run)), key=lambda f: (-f.lost_fraction, f.code))
+    analysis = Analysis(run, findings, spec, flops_source, runs)
+    write_tables(con, analysis)
+    return analysis
+
+
+def resolve_peak(timelines: list[RankTimeline], opts: AnalyzeOptions) -> Peak:
+    dtype = _gemm_dtype(timelines)
+    dtype_note = "" if dtype else " (GEMM dtype unknown: no shapes recorded; assumed bf16)"
+    dtype = dtype or "bf16"
+    user = opts.peak_tflops
+    part: hardware.Part | None = None
+    how = ""
+    if opts.gpu:
+        part = hardware.part_by_key(opts.gpu)
+        how = f"--gpu {opts.gpu}"
+    else:
+        for tl in timelines:
+            if tl.device_props:
+                ident = hardware.identify(tl.device_props)
+                if ident:
+                    part, how = ident.part, ident.reason
+                    break
+    if part is not None and dtype in part.dense_tflops:
+        dense = hardware.dense_peak_tflops(part, dtype)
+        src = f"{part.name} dense {dtype} {dense:g} TFLOP/s ({how}){dtype_note}"
+        if user is not None and not hardware.sparse_peak_matches(user) and abs(user - dense) > 1e-9:
+            dense, src = user, f"--peak-tflops {user:g} (the part's dense {dtype} figure is {src})"
+        return Peak(dense, part.key, part.name, dtype, src, user, part.hbm_gbps, part.nvlink_gbps)
+    if user is not None:
+        sparse = hardware.sparse_peak_matches(user)
+        tflops = user / 2 if sparse else user
+        src = f"--peak-tflops {user:g}" + (" (a 'with sparsity' figure: halved to the dense peak)" if sparse else "")
+        p = sparse[0][0] if sparse else None
+        return Peak(tflops, p.key if p else None, p.name if p else None, dtype, src + dtype_note, user,
+                    p.hbm_gbps if p else None, p.nvlink_gbps if p else None)
+    name = next((tl.device_props.get("name") for tl in timelines if tl.device_props), None)
+    return Peak(None, None, name, dtype,
+                f"unknown part {name!r}: MFU unknown; pass --gpu or --peak-tflops" if name else
+                "no device properties in the trace: MFU unknown; pass --gpu or --peak-tflops", None, None, None)
+
+
+# cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math.
+_TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm", re.IGNORECASE)
+
+
+def _gemm_dtype(timelines: list[RankTimeline]) -> str | None:
+    """The dtype most GEMM FLOPs ran in: fp32 tensors on TF32 tensor-core kernels count as tf32."""
+    weight: Counter[str] = Counter()
+    for tl in timelines:
+        for i, (f, d) in enumerate(zip(tl.flops, tl.dtype, strict=True)):
+            if d and f > 0:
+                weight["tf32" if d == "fp32" and _TF32_KERNEL.search(tl.name[i] or "") else d] += float(f)
+    return weight.most_common(1)[0][0] if weight else None
+
+
+def _model_flops(
+    timelines: list[RankTimeline], states: dict[tuple[int, int], StepStates],
+    spec: model_mod.ModelSpec | None, world: int,
+) -> str:
+    """Fill each rank-step's model FLOPs; returns how they were obtained."""
+    if spec is not None and spec.tokens_per_step:
+        per_rank = spec.tokens_per_step * model_mod.flops_per_token(spec) / max(world, 1)
+        for k, st in states.items():
+            states[k] = _with_model(st, per_rank)
+        return (f"model FLOPs from {spec.name}: (6N + 12·L·H·Q·T) = {model_mod.flops_per_token(spec):.4g} "
+                f"FLOPs/token × {spec.tokens_per_step:g} tokens/step ÷ {world} GPUs")
+    for k, st in states.items():
+        states[k] = _with_model(st, 3.0 * st.fwd_flops)
+    note = "model FLOPs inferred from the trace: 3 × the forward matmul and attention FLOPs from op shapes"
+    if spec is not None:
+        note += f" ({spec.name} gives no tokens_per_step)"
+    if all(st.fwd_flops == 0 for st in states.values()):
+        note += "; none found (record_shapes off?): pass --model with tokens_per_step"
+    return note
+
+
+def _with_model(st: StepStates, flops: float) -> StepStates:
+    from dataclasses import replace
+
+    return replace(st, model_flops=flops)
+
+
+def _ledger(tl: RankTimeline, i: int, st: StepStates, peak: Peak, rules: list[Rule]) -> StepLedger:
+    lg = StepLedger.open(tl.rank, st)
+    # Claims that belong to no rule: model FLOPs at the peak (this bucket over the step is the
+    # MFU) and the GPU starved by the host. host_bound and dataloader time are disjoint by
+    # construction (states.py), so their order does not matter.
+    if peak.flops_per_s is not None:
+        lg.claim("model_compute", st.model_flops / peak.flops_per_s, ("matmul", "non_matmul"))
+    lg.claim("host_bound", st.host_bound_ns * 1e-9, ("idle",))
+    ctx = StepContext(tl, i, st, peak)
+    for rule in sorted(rules, key=lambda r: r.claim_order):
+        rule.claim(ctx, lg)
+    lg.close()
+    return lg
+
+
+def _utilization(states: dict[tuple[int, int], StepStates], peak: Peak) -> tuple[float | None, float | None]:
+    if peak.flops_per_s is None or not states:
+        return None, None
+    vals = [st for st in states.values() if st.window_ns > 0]
+    if not vals or all(st.model_flops == 0 for st in vals):
+        return None, None
+    mfu = statistics.fmean(st.model_flops / (st.window_ns * 1e-9 * peak.flops_per_s) for st in vals)
+    hfu = statistics.fmean(
+        (st.model_flops + st.recompute_flops) / (st.window_ns * 1e-9 * peak.flops_per_s) for st in vals
+    )
+    return mfu, hfu
+
+
+def write_tables(con: duckdb.DuckDBPyConnection, a: Analysis) -> None:
+    """Persist the timelines, collectives, states and ledger (diag/sql/analysis.sql) for the TUI."""
+    import pyarrow as pa
+
+    run = a.run
+    con.execute(store.sql_text("analysis.sql"))
+    for tl in run.timelines:
+        s = tl.steps
+        con.executemany(
+            "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(tl.file_id, tl.rank, tl.capture_window, s.step[i], s.cpu_start_ns[i], s.cpu_end_ns[i],
+              int(s.start_ns[i]), int(s.end_ns[i]), s.n_kernels[i], s.from_profiler_step) for i in range(len(s.step))],
+        )
+        steps = [s.step[i] if i >= 0 else None for i in tl.step_of.tolist()]
+        mnk = tl.gemm_mnk
+        acts = pa.table({
+            "file_id": [tl.file_id] * len(tl), "rank": [tl.rank] * len(tl), "step": steps, "source": tl.source,
+            "name": tl.name, "kclass": tl.kclass, "collective": tl.collective, "stream": tl.stream,
+            "ts_ns": tl.ts_ns, "end_ns": tl.end_ns, "correlation": tl.correlation,
+            "launch_ts_ns": tl.launch_ts_ns, "launch_end_ns": tl.launch_end_ns, "op_name": tl.op_name,
+            "phase": tl.phase, "flops": tl.flops, "gemm_m": [m[0] if m else None for m in mnk],
+            "gemm_n": [m[1] if m else None for m in mnk], "gemm_k": [m[2] if m else None for m in mnk],
+            "dtype": tl.dtype, "bytes_moved": tl.bytes_moved, "trace_flops": tl.trace_flops,
+        })
+        con.register("_acts", acts)
+        con.execute("INSERT INTO activities SELECT * FROM _acts")
+        con.unregister("_acts")
+        r = a.runs.get(tl.file_id)
+        if r is not None and len(r.start_ns):
+            seg = pa.table({
+                "rank": [tl.rank] * len(r.start_ns), "step": [s.step[int(i)] for i in r.step],
+                "start_ns": r.start_ns, "end_ns": r.end_ns, "state": [STATES[int(x)] for x in r.state],
+            })
+            con.register("_seg", seg)
+            con.execute("INSERT INTO gpu_segments SELECT * FROM _seg")
+            con.unregister("_seg")
+    rows = collective_rows(run.matched, run.offsets)
+    if rows:
+        con.executemany(f"INSERT INTO collectives VALUES ({', '.join('?' * 23)})", rows)
+    con.executemany(
+        "INSERT INTO clock_offsets VALUES (?, ?, ?, ?)",
+        [(o.rank, o.offset_ns, o.n_matches, o.spread_ns) for o in run.offsets.values()],
+    )
+    step_no = {(tl.file_id, i): tl.steps.step[i] for tl in run.timelines for i in range(len(tl.steps.step))}
+    rank_of = {tl.file_id: tl.rank for tl in run.timelines}
+    con.executemany(
+        f"INSERT INTO gpu_states VALUES ({', '.join('?' * 18)})",
+        [(fid, rank_of[fid], step_no[(fid, i)], st.window_ns, st.compute_ns, st.comm_ns, st.copy_ns, st.idle_ns,
+          st.matmul_ns, st.non_matmul_ns, st.p2p_only_ns, st.wait_ns, st.dataloader_ns, st.host_bound_ns,
+          st.model_flops, st.exec_flops, st.recompute_flops, st.fwd_flops) for (fid, i), st in run.states.items()],
+    )
+    con.executemany(
+        "INSERT INTO ledger VALUES (?, ?, ?, ?, ?)",
+        [(lg.rank, lg.step, b, s, lg.fractions()[b]) for lg in run.ledgers for b, s in lg.buckets.items()],
+    )

@@ -1,0 +1,351 @@
+"""NCCL-side traces → rows of the `nccl_ops` table (diag/sql/schema.sql).
+
+Three sources, told apart by content, never by file name (`detect_kind`):
+
+| kind                     | writer                                          | one row per               | clock of `start_ns`/`end_ns`          |
+|--------------------------|-------------------------------------------------|---------------------------|---------------------------------------|
+| flight_recorder_pickle   | PyTorch Flight Recorder, `nccl_trace_rank_N`    | FR entry                  | CLOCK_REALTIME ns (`c10::getTime()`)  |
+| flight_recorder_json     | the same dump as JSON (`_dump_fr_trace_json`)   | FR entry                  | CLOCK_REALTIME ns                     |
+| nccl_inspector           | NCCL Inspector plugin, `<host>-pid<pid>.log`    | `coll_perf` line          | gettimeofday µs × 1000 (verbose only) |
+| nccl_profiler            | NCCL example profiler plugin (Chrome-trace-ish) | COLL / P2P / CE_COLL span | CLOCK_MONOTONIC µs since plugin init  |
+
+Each parser module documents its own fields; this module holds what they share: the row type,
+the Arrow schema of the table, collective-name normalization and typed field reads.
+`parse_nccl_file` returns the table without `file_id`, which the store adds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from decimal import Decimal
+from operator import attrgetter
+
+import pyarrow as pa
+
+from diag.errors import BadInput
+
+# detect_kind looks at this much of the (decompressed) file.
+HEAD_BYTES = 4096
+
+# trace_files.kind and nccl_ops.source, by detected kind.
+SOURCE_OF_KIND = {
+    "flight_recorder_pickle": "flight_recorder",
+    "flight_recorder_json": "flight_recorder",
+    "nccl_inspector": "nccl_inspector",
+    "nccl_profiler": "nccl_profiler",
+}
+
+# nccl_ops without file_id, in the order of schema.sql (a test compares the two).
+NCCL_OPS_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32()),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("record_idx", pa.int64(), nullable=False),
+        pa.field("pg_name", pa.string()),
+        pa.field("pg_desc", pa.string()),
+        pa.field("comm_id", pa.string()),
+        pa.field("n_ranks", pa.int32()),
+        pa.field("collective", pa.string()),
+        pa.field("seq", pa.int64()),
+        pa.field("p2p_seq", pa.int64()),
+        pa.field("in_nelems", pa.int64()),
+        pa.field("out_nelems", pa.int64()),
+        pa.field("msg_bytes", pa.int64()),
+        pa.field("dtype", pa.string()),
+        pa.field("state", pa.string()),
+        pa.field("start_ns", pa.int64()),
+        pa.field("end_ns", pa.int64()),
+        pa.field("duration_ns", pa.int64()),
+        pa.field("algo_bw_gbps", pa.float64()),
+        pa.field("bus_bw_gbps", pa.float64()),
+        pa.field("algorithm", pa.string()),
+        pa.field("protocol", pa.string()),
+        pa.field("n_channels", pa.int32()),
+        pa.field("record", pa.string()),  # JSON text; DuckDB casts it into the JSON column
+    ]
+)
+
+
+@dataclass(frozen=True)
+class NcclOp:
+    """One operation as a source saw it: an `nccl_ops` row less `rank` and `source`, which are per file."""
+
+    record_idx: int
+    record: str
+    pg_name: str | None = None
+    pg_desc: str | None = None
+    comm_id: str | None = None
+    n_ranks: int | None = None
+    collective: str | None = None
+    seq: int | None = None
+    p2p_seq: int | None = None
+    in_nelems: int | None = None
+    out_nelems: int | None = None
+    msg_bytes: int | None = None
+    dtype: str | None = None
+    state: str | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None
+    duration_ns: int | None = None
+    algo_bw_gbps: float | None = None
+    bus_bw_gbps: float | None = None
+    algorithm: str | None = None
+    protocol: str | None = None
+    n_channels: int | None = None
+
+
+@dataclass(frozen=True)
+class SourceParse:
+    """What one parser found: its rows, the rank the file names for itself, and what it had to say."""
+
+    rows: tuple[NcclOp, ...]
+    rank: int | None
+    rank_source: str | None  # 'content' | 'filename' | None
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NcclParse:
+    """A parsed NCCL-side file. `kind` is the trace_files.kind; `table` has the nccl_ops columns but file_id."""
+
+    kind: str
+    rank: int | None
+    rank_source: str | None  # 'content' | 'filename' | 'option' | None when no rank is known
+    table: pa.Table
+    warnings: tuple[str, ...]
+
+
+def detect_kind(head: bytes) -> str | None:
+    """The NCCL-side format of a file from its first few KB of content, or None when it is none of them."""
+    head = head[:HEAD_BYTES]
+    if _is_flight_recorder_pickle(head):
+        return "flight_recorder_pickle"
+    if _INSPECTOR_HEAD.match(head):
+        return "nccl_inspector"
+    if _is_flight_recorder_json(head):
+        return "flight_recorder_json"
+    if _PROFILER_HEAD.match(head):
+        return "nccl_profiler"
+    return None
+
+
+# FR pickles are protocol 2 (torch's pickle_str); their top-level keys are plain strings in the bytes.
+_FR_PICKLE_KEYS = (b"pg_config", b"pg_status", b"comm_lib_version", b"entries")
+
+
+def _is_flight_recorder_pickle(head: bytes) -> bool:
+    return len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and any(k in head for k in _FR_PICKLE_KEYS)
+
+
+def _is_flight_recorder_json(head: bytes) -> bool:
+    # nlohmann::json sorts keys, so a dump starts {"comm_lib_version":..,"entries":[{"collective_seq_id"..
+    # A Kineto trace also carries "pg_config" (in distributedInfo), so that key alone proves nothing.
+    if not head.lstrip().startswith(b"{") or b'"traceEvents"' in head:
+        return False
+    return (
+        b'"comm_lib_version"' in head
+        or (b'"profiling_name"' in head and b'"collective_seq_id"' in head)
+        or (b'"pg_status"' in head and b'"version"' in head)
+    )
+
+
+# Every Inspector line is {"header":{..},"metadata":{..},"coll_perf":{..}} (inspector.cc, inspectorCommInfoDump).
+_INSPECTOR_HEAD = re.compile(rb'\s*\{\s*"(?:header|metadata|coll_perf)"\s*:')
+# The example profiler writes "[\n", then {"name": .., "cat": <category>, "ph": .. per event, then "{}]\n"
+# (ext-profiler/example plugin.cc exampleProfilerFinalize, print_event.cc).
+_PROFILER_CATEGORIES = rb"GROUP_API|COLL_API|P2P_API|KERNEL_LAUNCH|GROUP|COLL|P2P|PROXY|NET|NET_IB|NET_SOCK|GPU|CE_COLL|CE_SYNC|CE_BATCH"
+_PROFILER_HEAD = re.compile(
+    rb'\s*\[\s*(?:\{\s*"name"\s*:\s*"[^"]*"\s*,\s*"cat"\s*:\s*"(?:'
+    + _PROFILER_CATEGORIES
+    + rb')"|\{\}\]\s*$)'
+)
+
+
+def parse_nccl_file(path: str, data: bytes, *, rank: int | None = None) -> NcclParse:
+    """Parse a Flight Recorder dump, NCCL Inspector log or NCCL profiler trace (decompressed bytes).
+
+    `rank` (from the command line) overrides whatever rank the file names for itself.
+    """
+    # Imported here because each parser imports NcclOp and Fields from this module.
+    from diag.ingest import flight_recorder, nccl_inspector, nccl_profiler
+
+    kind = detect_kind(data[:HEAD_BYTES])
+    if kind is None:
+        raise BadInput(
+            path,
+            "not a Flight Recorder dump, NCCL Inspector log or NCCL profiler trace "
+            "(checked the first 4 KB of content)",
+            0,
+        )
+    if kind == "flight_recorder_pickle":
+        parsed = flight_recorder.parse_pickle(path, data)
+    elif kind == "flight_recorder_json":
+        parsed = flight_recorder.parse_json(path, data)
+    elif kind == "nccl_inspector":
+        parsed = nccl_inspector.parse(path, data)
+    else:
+        parsed = nccl_profiler.parse(path, data)
+
+    warnings = list(parsed.warnings)
+    file_rank, rank_source = parsed.rank, parsed.rank_source
+    if rank is not None:
+        if file_rank is not None and file_rank != rank:
+            warnings.append(f"rank {rank} given overrides rank {file_rank} found in the file ({rank_source})")
+        file_rank, rank_source = rank, "option"
+    source = SOURCE_OF_KIND[kind]
+    return NcclParse(
+        source, file_rank, rank_source, ops_table(parsed.rows, file_rank, source), tuple(warnings)
+    )
+
+
+def ops_table(rows: Iterable[NcclOp], rank: int | None, source: str) -> pa.Table:
+    """The rows as an Arrow table with NCCL_OPS_SCHEMA."""
+    names = [f.name for f in fields(NcclOp)]
+    values_of = attrgetter(*names)
+    columns: dict[str, list[object]] = {name: [] for name in names}
+    for row in rows:
+        for name, value in zip(names, values_of(row), strict=True):
+            columns[name].append(value)
+    n_rows = len(columns["record_idx"])
+    columns["rank"] = [rank] * n_rows
+    columns["source"] = [source] * n_rows
+    return pa.table({f.name: columns[f.name] for f in NCCL_OPS_SCHEMA}, schema=NCCL_OPS_SCHEMA)
+
+
+# Source spellings → one name per operation. Keys are lower-case with '_' removed, after
+# dropping the variant suffixes below, so `_reduce_scatter_base`, `reduce_scatter_tensor_coalesced`
+# (Flight Recorder) and `ReduceScatter` (NCCL) all land on `reducescatter`.
+_COLLECTIVE_NAMES = {
+    "allreduce": "allreduce",
+    "allgather": "allgather",
+    "reducescatter": "reducescatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "alltoall": "alltoall",
+    "send": "send",
+    "recv": "recv",
+    # ProcessGroupNCCL runs barrier as a one-element allreduce, and FR names it either way.
+    "allreducebarrier": "barrier",
+}
+_VARIANT_SUFFIX = re.compile(r"(_coalesced|_single|_base|_oop|_into_tensor|_tensor|_v)+$")
+
+
+def normalize_collective(text: str) -> str:
+    """allreduce, allgather, reducescatter, broadcast, reduce, alltoall, send or recv.
+
+    Anything else (barrier, gather, scatter, coalesced, SendRecv ...) keeps its own name in the
+    same style (lower case, no underscores); the source's spelling stays in `record`.
+    """
+    name = _VARIANT_SUFFIX.sub("", text.strip().lower().lstrip("_"))
+    key = name.replace("_", "")
+    return _COLLECTIVE_NAMES.get(key, key)
+
+
+_INT_RANGE = {32: (-(2**31), 2**31 - 1), 64: (-(2**63), 2**63 - 1)}
+
+
+class Fields:
+    """Typed reads from source records. A value of the wrong type or out of range reads as None
+    and is counted, so the file's warnings say how many records lost which field."""
+
+    def __init__(self) -> None:
+        self._unusable: Counter[str] = Counter()
+
+    def integer(self, record: Mapping[str, object], key: str, bits: int = 64) -> int | None:
+        value = record.get(key)
+        if value is None:
+            return None
+        low, high = _INT_RANGE[bits]
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+            return value
+        self._unusable[key] += 1
+        return None
+
+    def unsigned(self, record: Mapping[str, object], key: str) -> int | None:
+        """A uint64 such as a communicator hash, which can exceed int64 (printed with %lu)."""
+        value = record.get(key)
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64:
+            return value
+        self._unusable[key] += 1
+        return None
+
+    def number(self, record: Mapping[str, object], key: str) -> float | None:
+        value = record.get(key)
+        # The Inspector writes a NaN bandwidth as the string "nan" (inspector/json.cc jsonDouble).
+        if value is None or value == "nan":
+            return None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        self._unusable[key] += 1
+        return None
+
+    def text(self, record: Mapping[str, object], key: str) -> str | None:
+        value = record.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return value
+        self._unusable[key] += 1
+        return None
+
+    def mapping(self, record: Mapping[str, object], key: str) -> Mapping[str, object] | None:
+        value = record.get(key)
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            return value
+        self._unusable[key] += 1
+        return None
+
+    def unusable(self, key: str) -> None:
+        """Count a field the caller found malformed beyond its type (e.g. a ragged list)."""
+        self._unusable[key] += 1
+
+    def warnings(self) -> list[str]:
+        return [
+            f"{count} record(s) had an unusable {key!r} (wrong type or out of range; left empty)"
+            for key, count in sorted(self._unusable.items())
+        ]
+
+
+def scaled_ns(value: float | int, ns_per_unit: int) -> int:
+    """A time written in µs or ms as integer ns, rounded half-to-even from the value's decimal text.
+
+    Going through `repr` keeps what the writer printed (`1818542.097656` µs → 1818542097.656 ns
+    → 1818542098), instead of the binary float's error deciding a tie.
+    """
+    return round(Decimal(repr(value)) * ns_per_unit)
+
+
+def record_json(record: object) -> str:
+    """The source record verbatim as compact JSON; big integers stay exact (stdlib json)."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_text(path: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(path, f"not UTF-8 text ({e.reason})", e.start) from None
+
+
+def byte_offset(text: str, char_index: int) -> int:
+    """Byte offset in the UTF-8 file of a character index into its decoded text."""
+    return len(text[:char_index].encode("utf-8"))
+
+
+def single_rank(ranks: Iterable[int], what: str) -> tuple[int | None, list[str]]:
+    """The rank a file's records agree on, or None with a warning when they name several."""
+    distinct = sorted(set(ranks))
+    if len(distinct) == 1:
+        return distinct[0], []
+    if not distinct:
+        return None, []
+    shown = ", ".join(str(r) for r in distinct[:8]) + (", ..." if len(distinct) > 8 else "")
+    return None, [f"records name {len(distinct)} different {what} ({shown}); the file's rank is left empty"]

@@ -1,0 +1,153 @@
+"""The report: the `diag.report/1` document (DESIGN.md contract) and its text and Markdown renderings.
+
+Computing is in engine.py; this module only shapes and renders.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from diag.engine import Analysis
+from diag.ledger import BUCKETS
+
+SCHEMA = "diag.report/1"
+_BAR = 40
+
+
+def build_report(a: Analysis) -> dict[str, Any]:
+    run = a.run
+    lgs = run.ledgers
+    by_rank: dict[int, list[dict[str, float]]] = defaultdict(list)
+    by_step: dict[int, list[dict[str, float]]] = defaultdict(list)
+    for lg in lgs:
+        by_rank[lg.rank].append(lg.fractions())
+        by_step[lg.step].append(lg.fractions())
+    windows = [lg.window_s for lg in lgs]
+    rank_time = {r: statistics.fmean(lg.window_s for lg in lgs if lg.rank == r) for r in by_rank}
+    worst = min(by_rank, key=lambda r: (_mean(by_rank[r])["model_compute"], -rank_time[r])) if by_rank else None
+    return {
+        "schema": SCHEMA,
+        "world_size": run.world_size,
+        "ranks": sorted(by_rank),
+        "steps": len(by_step),
+        "device": {"name": run.peak.part_name, "part": run.peak.part_key, "peak_tflops": run.peak.tflops,
+                   "dtype": run.peak.dtype, "peak_source": run.peak.source},
+        "step_time_s": statistics.median(windows) if windows else None,
+        "mfu": run.mfu,
+        "hfu": run.hfu,
+        "ledger": _mean([lg.fractions() for lg in lgs]),
+        "ledger_by_rank": {str(r): _mean(v) for r, v in sorted(by_rank.items())},
+        "ledger_by_step": {str(s): _mean(v) for s, v in sorted(by_step.items())},
+        "ledger_median_over_steps": {b: statistics.median(_mean(v)[b] for v in by_step.values()) for b in BUCKETS}
+        if by_step else {},
+        "worst_rank": None if worst is None else {"rank": worst, "step_time_s": rank_time[worst],
+                                                  "ledger": _mean(by_rank[worst])},
+        "findings": [_finding(f) for f in a.findings],
+        "clock_offsets_us": {str(r): o.offset_ns / 1000 for r, o in sorted(run.offsets.items())},
+        "clock_offset_spread_us": {str(r): o.spread_ns / 1000 for r, o in sorted(run.offsets.items())},
+        "model": None if a.model is None else {"name": a.model.name, "params": a.model.params,
+                                               "tokens_per_step": a.model.tokens_per_step},
+        "flops_source": a.flops_source,
+        "notes": run.notes,
+    }
+
+
+def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    if not rows:
+        return dict.fromkeys(BUCKETS, 0.0)
+    return {b: sum(r[b] for r in rows) / len(rows) for b in BUCKETS}
+
+
+def _finding(f: Any) -> dict[str, Any]:
+    return {
+        "code": f.code, "slug": f.slug, "severity": f.severity, "lost_fraction": f.lost_fraction,
+        "lost_s": f.lost_s, "mfu_points": f.mfu_points, "what_if_mfu": f.what_if_mfu, "ranks": f.ranks,
+        "steps": f.steps, "evidence": f.evidence, "advice": f.advice, "summary": f.summary, "details": f.details,
+    }
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, default=_jsonable)
+
+
+def _jsonable(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON: {type(o).__name__}")
+
+
+def _pct(x: float | None) -> str:
+    return "unknown" if x is None else f"{x * 100:.1f}%"
+
+
+def _header(r: dict[str, Any]) -> list[str]:
+    d = r["device"]
+    peak = "unknown peak" if d["peak_tflops"] is None else f"dense {d['dtype']} peak {d['peak_tflops']:g} TFLOP/s"
+    st = r["step_time_s"]
+    return [
+        f"{r['world_size']} ranks × {r['steps']} steps · {d['name'] or 'unknown GPU'} · {peak}",
+        f"step time {st * 1e3:.2f} ms (median)   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}" if st is not None
+        else "no steps",
+    ]
+
+
+def _waterfall(r: dict[str, Any]) -> list[tuple[str, float]]:
+    """(label, MFU points) from the peak down to the achieved MFU: losses largest first."""
+    led = r["ledger"]
+    losses = sorted(((b, led[b] * 100) for b in BUCKETS if b != "model_compute"), key=lambda x: -x[1])
+    return [(b, p) for b, p in losses if p >= 0.05]
+
+
+def render_text(r: dict[str, Any]) -> str:
+    lines = ["diag — where the step went", *_header(r), ""]
+    lines.append("waterfall (MFU points, mean over ranks and steps)")
+    lines.append(f"  {'peak':<22}{100.0:>7.1f}")
+    for b, p in _waterfall(r):
+        lines.append(f"  − {b:<20}{p:>7.1f}  {'█' * max(1, round(p / 100 * _BAR))}")
+    lines.append(f"  = {'model_compute (MFU)':<20}{r['ledger']['model_compute'] * 100:>7.1f}")
+    lines.append("")
+    if r["findings"]:
+        lines.append("findings, by cost")
+        for i, f in enumerate(r["findings"], 1):
+            wi = f" → MFU {_pct(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"] else ""
+            lines.append(f" {i}. {f['code']} {f['slug']} [{f['severity']}] {f['mfu_points']:.1f} pts{wi}")
+            lines.append(f"    {f['summary']}")
+            lines.append(f"    do: {f['advice']}")
+    else:
+        lines.append("no findings above their thresholds")
+    if r["notes"]:
+        lines.append("")
+        lines.extend(f"note: {n}" for n in r["notes"])
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(r: dict[str, Any]) -> str:
+    h = _header(r)
+    out = ["# diag report", "", f"**{h[0]}**  ", h[1], "", "## Where the step went", "",
+           "| | MFU points |", "|---|---:|", f"| peak | {100.0:.1f} |"]
+    out += [f"| − {b} | {p:.1f} |" for b, p in _waterfall(r)]
+    out += [f"| **= MFU** | **{r['ledger']['model_compute'] * 100:.1f}** |", "", "## Findings", ""]
+    if not r["findings"]:
+        out.append("No findings above their thresholds.")
+    for f in r["findings"]:
+        out += [f"### {f['code']} {f['slug']} — {f['severity']}, {f['mfu_points']:.1f} points", "",
+                f"{f['summary']}", "", f"**What to do:** {f['advice']}", ""]
+        if f["ranks"]:
+            out.append(f"Ranks: {', '.join(map(str, f['ranks'][:32]))}{' …' if len(f['ranks']) > 32 else ''}  ")
+        if f["what_if_mfu"] is not None and f["lost_fraction"]:
+            out.append(f"Without it: MFU {_pct(f['what_if_mfu'])}")
+        out.append("")
+    if r["notes"]:
+        out += ["## Notes", ""] + [f"- {n}" for n in r["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def render(report: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return to_json(report) + "\n"
+    if fmt == "markdown":
+        return render_markdown(report)
+    return render_text(report)

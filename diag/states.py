@@ -1,0 +1,186 @@
+"""Per rank and step: the four GPU states and the measures each ledger bucket claims from.
+
+docs/ledger.md is the specification; each measure below names the bucket it feeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from diag.sweep import Segments, sweep, window_index
+from diag.timeline import RankTimeline
+
+I64 = npt.NDArray[np.int64]
+STATES = ("compute", "comm", "copy", "idle")
+
+
+@dataclass(frozen=True)
+class StepStates:
+    step: int
+    window_ns: int
+    compute_ns: int
+    comm_ns: int
+    copy_ns: int
+    idle_ns: int
+    matmul_ns: int         # → model_compute, recompute, thin_gemm, gemm_inefficiency
+    non_matmul_ns: int     # → non_matmul
+    p2p_only_ns: int       # → pipeline_bubble
+    wait_ns: int           # → straggler
+    dataloader_ns: int     # → dataloader
+    host_bound_ns: int     # → host_bound
+    model_flops: float
+    exec_flops: float
+    recompute_flops: float
+    fwd_flops: float
+
+
+@dataclass(frozen=True)
+class StateRuns:
+    """Merged runs of one state, for drawing lanes: (step, start, end, state index into STATES)."""
+
+    step: I64
+    start_ns: I64
+    end_ns: I64
+    state: npt.NDArray[np.int8]
+
+
+def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStates], StateRuns]:
+    src = np.array(tl.source, dtype=object)
+    kcl = np.array(tl.kclass, dtype=object)
+    coll = np.array([c or "" for c in tl.collective], dtype=object)
+    is_kernel = src == "kernel"
+    is_comm = is_kernel & (kcl == "comm")
+    is_p2p = is_comm & (coll == "sendrecv")
+    ts, end = tl.ts_ns, tl.end_ns
+
+    def pick(mask: npt.NDArray[np.bool_]) -> tuple[I64, I64]:
+        return ts[mask], end[mask]
+
+    wstart, wend = tl.steps.start_ns, tl.steps.end_ns
+    seg = sweep(
+        {
+            "compute": pick(is_kernel & ~is_comm),
+            "comm": pick(is_comm),
+            "copy": pick(~is_kernel),
+            "matmul": pick(is_kernel & np.isin(kcl, ["gemm", "attention"])),
+            "p2p": pick(is_p2p),
+            "coll": pick(is_comm & ~is_p2p),
+            "wait": waits,
+            "dataloader": tl.dataloader_spans,
+        },
+        cuts=np.concatenate([wstart, wend]),
+    )
+    a = seg.active
+    dur = seg.end_ns - seg.start_ns
+    compute = a["compute"] > 0
+    comm = ~compute & (a["comm"] > 0)
+    copy = ~compute & ~comm & (a["copy"] > 0)
+    idle = ~compute & ~comm & ~copy
+    p2p_only = comm & (a["coll"] == 0) & (a["p2p"] > 0)
+    waiting = comm & ~p2p_only & (a["wait"] > 0)
+    dataloader = idle & (a["dataloader"] > 0)
+    host = np.where(idle & ~dataloader, _host_bound(seg, tl), 0)
+    win = window_index(seg, wstart, wend)
+
+    def per_window(mask: npt.NDArray[np.bool_] | None, values: I64 | None = None) -> I64:
+        v = dur if values is None else values
+        keep = (win >= 0) if mask is None else ((win >= 0) & mask)
+        return np.bincount(win[keep], weights=v[keep], minlength=len(wstart)).astype(np.int64)
+
+    sums = {
+        "compute": per_window(compute), "comm": per_window(comm), "copy": per_window(copy),
+        "idle": per_window(idle), "matmul": per_window(compute & (a["matmul"] > 0)),
+        "p2p": per_window(p2p_only), "wait": per_window(waiting), "dl": per_window(dataloader),
+        "host": per_window(None, host),
+    }
+    flops = _step_flops(tl)
+    out = []
+    for i, step in enumerate(tl.steps.step):
+        out.append(StepStates(
+            step=step, window_ns=int(wend[i] - wstart[i]), compute_ns=int(sums["compute"][i]),
+            comm_ns=int(sums["comm"][i]), copy_ns=int(sums["copy"][i]), idle_ns=int(sums["idle"][i]),
+            matmul_ns=int(sums["matmul"][i]), non_matmul_ns=int(sums["compute"][i] - sums["matmul"][i]),
+            p2p_only_ns=int(sums["p2p"][i]), wait_ns=int(sums["wait"][i]), dataloader_ns=int(sums["dl"][i]),
+            host_bound_ns=int(sums["host"][i]), model_flops=0.0, exec_flops=flops["exec"][i],
+            recompute_flops=flops["recompute"][i], fwd_flops=flops["forward"][i],
+        ))
+    state_idx = np.select([compute, comm, copy], [0, 1, 2], default=3).astype(np.int8)
+    return out, _runs(seg, win, state_idx)
+
+
+def _host_bound(seg: Segments, tl: RankTimeline) -> I64:
+    """Idle time before the launch call of the next GPU activity returned (per segment)."""
+    if len(tl) == 0:
+        return np.zeros(len(seg), np.int64)
+    launch_end = np.array([-1 if v is None else v for v in tl.launch_end_ns], np.int64)
+    nxt = np.searchsorted(tl.ts_ns, seg.end_ns, side="left")
+    has_next = nxt < len(tl)
+    le = np.where(has_next, launch_end[np.clip(nxt, 0, len(tl) - 1)], -1)
+    portion = np.clip(np.minimum(seg.end_ns, le) - seg.start_ns, 0, None)
+    return np.where(has_next & (le >= 0), portion, 0).astype(np.int64)
+
+
+def _step_flops(tl: RankTimeline) -> dict[str, list[float]]:
+    n = len(tl.steps.step)
+    out = {k: [0.0] * n for k in ("exec", "recompute", "forward")}
+    for i in np.nonzero((tl.step_of >= 0) & (tl.flops > 0))[0]:
+        s = int(tl.step_of[i])
+        f = float(tl.flops[i])
+        out["exec"][s] += f
+        if tl.phase[i] in ("recompute", "forward"):
+            out[tl.phase[i]][s] += f
+    return out
+
+
+def _runs(seg: Segments, win: I64, state: npt.NDArray[np.int8]) -> StateRuns:
+    keep = win >= 0
+    s, e, w, st = seg.start_ns[keep], seg.end_ns[keep], win[keep], state[keep]
+    if len(s) == 0:
+        return StateRuns(w, s, e, st)
+    new_run = np.ones(len(s), bool)
+    new_run[1:] = (st[1:] != st[:-1]) | (w[1:] != w[:-1]) | (s[1:] != e[:-1])
+    starts = np.nonzero(new_run)[0]
+    ends = np.append(starts[1:], len(s)) - 1
+    return StateRuns(w[starts], s[starts], e[ends], st[starts])
+
+
+def exposed_comm_ns(tl: RankTimeline) -> dict[int, int]:
+    """For each communication kernel (by activity index): its time with no compute kernel beside it."""
+    kernel = np.array([s == "kernel" for s in tl.source], bool)
+    comm = kernel & np.array([k == "comm" for k in tl.kclass], bool)
+    if not comm.any():
+        return {}
+    cs, ce = _union(tl.ts_ns[kernel & ~comm], tl.end_ns[kernel & ~comm])
+    covered_before = np.concatenate([[0], np.cumsum(ce - cs)])
+
+    def coverage(t: I64) -> I64:
+        """Length of the compute union before each time t."""
+        j = np.searchsorted(cs, t, side="right")          # intervals starting at or before t
+        full = covered_before[np.clip(j - 1, 0, None)]
+        partial = np.where(j > 0, np.minimum(t, ce[np.clip(j - 1, 0, None)]) - cs[np.clip(j - 1, 0, None)], 0)
+        return np.where(j > 0, full + np.clip(partial, 0, None), 0)
+
+    idx = np.nonzero(comm)[0]
+    s, e = tl.ts_ns[idx], tl.end_ns[idx]
+    if len(cs) == 0:
+        overlap = np.zeros(len(idx), np.int64)
+    else:
+        overlap = coverage(e) - coverage(s)
+    return {int(i): int(v) for i, v in zip(idx, (e - s) - overlap, strict=True)}
+
+
+def _union(s: I64, e: I64) -> tuple[I64, I64]:
+    """Merge intervals into a sorted disjoint union."""
+    if len(s) == 0:
+        return s, e
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > reach[:-1]
+    starts = np.nonzero(new)[0]
+    ends = np.append(starts[1:], len(s)) - 1
+    return s[starts], reach[ends]

@@ -1,0 +1,331 @@
+"""Per-rank timelines: GPU activities with their launch, op, phase, FLOPs and step (the map step).
+
+Everything here needs only one trace file (one rank's capture window); `collectives.py` does
+the cross-rank part and `states.py` the sweep that needs both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+
+from diag import flops as flops_mod
+from diag import kernels
+from diag.ingest.kineto import device_props_for
+from diag.phases import assign_phases, is_dataloader_span
+
+I64 = npt.NDArray[np.int64]
+
+_STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
+# Ops whose shapes can carry matmul/attention/conv FLOPs (diag/flops.py decides exactly).
+_FLOP_OP = re.compile(r"mm|matmul|linear|attention|conv", re.IGNORECASE)
+_MATMUL_CLASSES = frozenset({kernels.KernelClass.GEMM, kernels.KernelClass.ATTENTION})
+
+
+@dataclass
+class Steps:
+    step: list[int]
+    cpu_start_ns: list[int]
+    cpu_end_ns: list[int]
+    start_ns: I64
+    end_ns: I64
+    n_kernels: list[int]
+    from_profiler_step: bool
+
+
+@dataclass
+class RankTimeline:
+    """One rank's capture window: its GPU activities (sorted by start) and steps."""
+
+    file_id: int
+    rank: int
+    capture_window: int
+    world_size: int | None
+    device_props: dict[str, Any] | None
+    gpus_per_node: int | None           # deviceProperties lists every GPU of the host
+    steps: Steps
+    # Parallel columns over activities.
+    source: list[str]
+    name: list[str]
+    kclass: list[str]
+    collective: list[str | None]
+    stream: list[int | None]
+    ts_ns: I64
+    end_ns: I64
+    correlation: list[int | None]
+    launch_ts_ns: list[int | None]
+    launch_end_ns: list[int | None]
+    launch_tid: list[int | None]
+    external_id: list[int | None]
+    op_name: list[str | None]
+    phase: list[str]
+    flops: npt.NDArray[np.float64]
+    gemm_mnk: list[tuple[int, int, int] | None]
+    dtype: list[str | None]
+    bytes_moved: list[float | None]
+    trace_flops: list[float | None]
+    step_of: I64                      # step index (into steps) per activity, -1 when launched outside
+    dataloader_spans: tuple[I64, I64]
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+
+def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
+    meta = con.execute(
+        "SELECT rank, coalesce(capture_window, 0), world_size, device_props FROM trace_files WHERE file_id = ?",
+        [file_id],
+    ).fetchone()
+    assert meta is not None
+    rank, window, world, props_text = meta
+    acts = _activities(con, file_id)
+    ops = _cpu_ops(con, file_id)
+    phases = assign_phases(ops["tid"], ops["ts"], ops["end"], ops["name"], ops["fwd_tid"])
+    by_ext = {e: i for i, e in enumerate(ops["external_id"]) if e is not None}
+
+    n = len(acts["ts"])
+    names = acts["name"]
+    classes = {nm: kernels.classify(nm or "") for nm in set(names)}
+    kclass = [
+        str(classes[nm]) if src == "kernel" else ("memset" if src == "memset" else "copy")
+        for nm, src in zip(names, acts["source"], strict=True)
+    ]
+    collective = [kernels.collective_of(nm or "") if k == "comm" else None for nm, k in zip(names, kclass, strict=True)]
+    # The launching op: by External id where the trace links them; else the innermost CPU op on
+    # the launching thread that contains the launch call (older traces give runtime calls an
+    # External id of their own that names no op).
+    enclosing = innermost_ops(ops["tid"], ops["ts"], ops["end"], acts["launch_tid"], acts["launch_ts"])
+    op_idx = [by_ext.get(e) if e is not None and e in by_ext else enc
+              for e, enc in zip(acts["ext"], enclosing, strict=True)]
+    op_name = [ops["name"][i] if i is not None else None for i in op_idx]
+    phase = [phases[i] if i is not None else "other" for i in op_idx]
+
+    flops, mnk, dtype, nbytes, tflops = _kernel_flops(acts, kclass, op_idx, ops)
+    _memory_bytes(kclass, op_idx, ops, nbytes)
+    steps, step_of = _steps(con, file_id, acts)
+    dl = [(s, e) for s, e, nm in zip(ops["ts"], ops["end"], ops["name"], strict=True) if is_dataloader_span(nm or "")]
+    all_props = json.loads(props_text) if isinstance(props_text, str) else props_text
+    props = device_props_for(all_props, acts["device"])
+    return RankTimeline(
+        file_id=file_id, rank=rank, capture_window=window, world_size=world, device_props=props,
+        gpus_per_node=len(all_props) if isinstance(all_props, list) and all_props else None, steps=steps,
+        source=acts["source"], name=names, kclass=kclass, collective=collective, stream=acts["stream"],
+        ts_ns=np.asarray(acts["ts"], np.int64), end_ns=np.asarray(acts["end"], np.int64),
+        correlation=acts["correlation"], launch_ts_ns=acts["launch_ts"], launch_end_ns=acts["launch_end"],
+        launch_tid=acts["launch_tid"], external_id=acts["ext"], op_name=op_name, phase=phase,
+        flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops, step_of=step_of,
+        dataloader_spans=(np.asarray([s for s, _ in dl], np.int64), np.asarray([e for _, e in dl], np.int64)),
+    )
+
+
+def innermost_ops(
+    tid: list[int], ts: list[int], end: list[int], q_tid: list[int | None], q_ts: list[int | None]
+) -> list[int | None]:
+    """For each query (thread, time): the innermost op on that thread whose span contains it.
+
+    `tid/ts/end` are sorted by (tid, ts, -end) as `_cpu_ops` returns them.
+    """
+    order = sorted((i for i, t in enumerate(q_ts) if t is not None and q_tid[i] is not None),
+                   key=lambda i: (q_tid[i], q_ts[i]))
+    out: list[int | None] = [None] * len(q_ts)
+    stack: list[int] = []
+    j = 0
+    n = len(ts)
+    cur: int | None = None
+    for qi in order:
+        qt, qs = q_tid[qi], q_ts[qi]
+        if qt != cur:
+            cur, stack = qt, []
+            j = _first_of_tid(tid, qt)
+        while j < n and tid[j] == qt and ts[j] <= qs:
+            while stack and end[stack[-1]] <= ts[j]:
+                stack.pop()
+            stack.append(j)
+            j += 1
+        while stack and end[stack[-1]] < qs:
+            stack.pop()
+        out[qi] = stack[-1] if stack else None
+    return out
+
+
+def _first_of_tid(tid: list[int], t: int | None) -> int:
+    import bisect
+
+    return bisect.bisect_left(tid, t) if t is not None else len(tid)
+
+
+def _activities(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any]]:
+    rows = con.execute(
+        """
+        WITH launch AS (
+            SELECT correlation, min(ts_ns) AS ts, arg_min(ts_ns + dur_ns, ts_ns) AS "end",
+                   arg_min(external_id, ts_ns) AS ext, arg_min(tid, ts_ns) AS tid
+            FROM runtime_calls WHERE file_id = $f AND correlation IS NOT NULL AND correlation <> 0
+            GROUP BY correlation
+        ), act AS (
+            SELECT 'kernel' AS source, name, device, stream, ts_ns, ts_ns + dur_ns AS end_ns, correlation, external_id
+            FROM kernels WHERE file_id = $f
+            UNION ALL
+            SELECT kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id
+            FROM copies WHERE file_id = $f
+        )
+        SELECT act.source, act.name, act.device, act.stream, act.ts_ns, act.end_ns, act.correlation,
+               launch.ts, launch."end", coalesce(nullif(act.external_id, 0), launch.ext), launch.tid
+        FROM act LEFT JOIN launch ON launch.correlation = act.correlation
+        ORDER BY act.ts_ns, act.end_ns
+        """,
+        {"f": file_id},
+    ).fetchall()
+    keys = ("source", "name", "device", "stream", "ts", "end", "correlation", "launch_ts", "launch_end", "ext",
+            "launch_tid")
+    cols: dict[str, list[Any]] = {k: [] for k in keys}
+    for r in rows:
+        for k, v in zip(keys, r, strict=True):
+            cols[k].append(v)
+    return cols
+
+
+def _cpu_ops(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any]]:
+    rows = con.execute(
+        """
+        SELECT tid, ts_ns, ts_ns + dur_ns, name, fwd_tid, external_id, input_dims, input_types, trace_flops
+        FROM cpu_ops WHERE file_id = ? ORDER BY tid, ts_ns, dur_ns DESC
+        """,
+        [file_id],
+    ).fetchall()
+    keys = ("tid", "ts", "end", "name", "fwd_tid", "external_id", "dims", "types", "trace_flops")
+    cols: dict[str, list[Any]] = {k: [] for k in keys}
+    for r in rows:
+        for k, v in zip(keys, r, strict=True):
+            cols[k].append(v)
+    return cols
+
+
+def _kernel_flops(
+    acts: dict[str, list[Any]], kclass: list[str], op_idx: list[int | None], ops: dict[str, list[Any]]
+) -> tuple[npt.NDArray[np.float64], list[Any], list[str | None], list[float | None], list[float | None]]:
+    """FLOPs per activity: the launching op's FLOPs from its shapes, split over its matmul kernels
+    in proportion to their durations (split-K GEMMs launch more than one)."""
+    n = len(kclass)
+    out = np.zeros(n, np.float64)
+    mnk: list[Any] = [None] * n
+    dtype: list[str | None] = [None] * n
+    nbytes: list[float | None] = [None] * n
+    tflops: list[float | None] = [None] * n
+    members: dict[int, list[int]] = {}
+    for i, (oi, k) in enumerate(zip(op_idx, kclass, strict=True)):
+        if oi is not None and k in _MATMUL_CLASSES:
+            members.setdefault(oi, []).append(i)
+    for oi, idx in members.items():
+        name = ops["name"][oi] or ""
+        if not _FLOP_OP.search(name) or ops["dims"][oi] is None:
+            continue
+        try:
+            dims = json.loads(ops["dims"][oi])
+            types = json.loads(ops["types"][oi]) if ops["types"][oi] else None
+        except (TypeError, ValueError):
+            continue
+        f = flops_mod.op_flops(name, dims, types)
+        if f is None:
+            continue
+        durs = np.array([acts["end"][i] - acts["ts"][i] for i in idx], np.float64)
+        share = durs / durs.sum() if durs.sum() > 0 else np.full(len(idx), 1.0 / len(idx))
+        for j, i in enumerate(idx):
+            out[i] = f.flops * share[j]
+            mnk[i] = f.m_n_k
+            dtype[i] = f.dtype
+            nbytes[i] = None if f.bytes_moved is None else f.bytes_moved * share[j]
+            tflops[i] = ops["trace_flops"][oi]
+    return out, mnk, dtype, nbytes, tflops
+
+
+def _steps(con: duckdb.DuckDBPyConnection, file_id: int, acts: dict[str, list[Any]]) -> tuple[Steps, I64]:
+    spans = con.execute(
+        """
+        SELECT DISTINCT name, ts_ns, ts_ns + dur_ns FROM cpu_ops
+        WHERE file_id = ? AND name LIKE 'ProfilerStep#%' ORDER BY ts_ns
+        """,
+        [file_id],
+    ).fetchall()
+    ts = np.asarray(acts["ts"], np.int64)
+    end = np.asarray(acts["end"], np.int64)
+    n = len(ts)
+    if not spans:
+        # One window per capture: from the first to the last event of the file.
+        lo_hi = con.execute("SELECT first_ts_ns, last_ts_ns FROM trace_files WHERE file_id = ?", [file_id]).fetchone()
+        assert lo_hi is not None
+        lo = lo_hi[0] if lo_hi[0] is not None else (int(ts.min()) if n else 0)
+        hi = lo_hi[1] if lo_hi[1] is not None else (int(end.max()) if n else 0)
+        steps = Steps([0], [lo], [hi], np.array([lo], np.int64), np.array([hi], np.int64), [n], False)
+        return steps, np.zeros(n, np.int64)
+    numbers = [int(m.group(1)) if (m := _STEP_NUMBER.search(s[0])) else i for i, s in enumerate(spans)]
+    cpu_start = np.array([s[1] for s in spans], np.int64)
+    cpu_end = np.array([s[2] for s in spans], np.int64)
+    launch = np.array([v if v is not None else -1 for v in acts["launch_ts"]], np.int64)
+    has_launch = np.array([v is not None for v in acts["launch_ts"]], bool)
+    idx = np.searchsorted(cpu_start, launch, side="right") - 1
+    valid = has_launch & (idx >= 0)
+    valid &= launch <= cpu_end[np.clip(idx, 0, None)]
+    step_of = np.where(valid, idx, -1).astype(np.int64)
+    last_end = cpu_end.copy()
+    counts = np.zeros(len(spans), np.int64)
+    if valid.any():
+        np.maximum.at(last_end, step_of[valid], end[valid])
+        np.add.at(counts, step_of[valid], 1)
+    win_end = np.maximum.accumulate(last_end)  # windows never run backwards
+    win_start = np.concatenate([[cpu_start[0]], win_end[:-1]])
+    steps = Steps(numbers, cpu_start.tolist(), cpu_end.tolist(), win_start, win_end, counts.tolist(), True)
+    return steps, step_of
+
+
+# Bytes per element of the `Input type` strings record_shapes writes.
+_ELEM_BYTES = {
+    "float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "int": 4, "long int": 8, "long": 8,
+    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "bool": 1, "unsigned char": 1, "signed char": 1,
+}
+
+
+def _memory_bytes(
+    kclass: list[str], op_idx: list[int | None], ops: dict[str, list[Any]], nbytes: list[float | None]
+) -> None:
+    """Bytes a non-matmul kernel must move at least: its op's tensor inputs read once and an output
+    the size of the largest input written once (norms, elementwise, optimizer updates). Split over
+    the op's kernels like FLOPs are. Fills `nbytes` in place where the shapes allow."""
+    members: dict[int, list[int]] = {}
+    for i, (oi, k) in enumerate(zip(op_idx, kclass, strict=True)):
+        if oi is not None and k == "other":
+            members.setdefault(oi, []).append(i)
+    for oi, idx in members.items():
+        total = _tensor_bytes(ops["dims"][oi], ops["types"][oi])
+        if total:
+            for i in idx:
+                nbytes[i] = total / len(idx)
+
+
+def _tensor_bytes(dims_text: str | None, types_text: str | None) -> float | None:
+    if not dims_text or not types_text:
+        return None
+    try:
+        dims, types = json.loads(dims_text), json.loads(types_text)
+    except ValueError:
+        return None
+    sizes = []
+    for d, t in zip(dims, types):
+        size = _ELEM_BYTES.get(t) if isinstance(t, str) else None
+        if size and isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            sizes.append(float(np.prod(d)) * size)
+    return sum(sizes) + max(sizes) if sizes else None
+
+
+def rank_files(con: duckdb.DuckDBPyConnection) -> list[int]:
+    """Kineto files to analyze, by rank then capture window."""
+    return [r[0] for r in con.execute(
+        "SELECT file_id FROM trace_files WHERE kind = 'kineto' ORDER BY rank, capture_window, file_id"
+    ).fetchall()]

@@ -1,0 +1,74 @@
+"""MFU004 recompute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diag.analysis import Finding, RunContext, StepContext, severity
+from diag.ledger import StepLedger
+from rules.base import Rule
+
+
+@dataclass(frozen=True)
+class Params:
+    min_fraction: float = 0.01
+    # Recomputing ≥ 80% of the forward FLOPs is full recomputation; less (typically only
+    # attention, Korthikanti et al. 2022) is selective.
+    full_ratio: float = 0.8
+
+
+class Recompute(Rule):
+    """Forward work executed twice by activation checkpointing.
+
+    What it finds: forward ops (matmuls, attention) run again inside the backward pass, their
+    FLOPs at the dense peak claimed as `recompute` — the gap between HFU (which counts them) and
+    MFU (which does not) — and whether the recomputation is full (the whole layer) or selective.
+
+    Why it costs MFU: recomputed FLOPs keep the GPU busy without advancing the model; full
+    recomputation adds a third forward pass (8N instead of 6N FLOPs per token).
+
+    What to do: checkpoint selectively — attention only (Megatron `--recompute-granularity
+    selective`, a `torch.utils.checkpoint` policy saving matmul outputs), checkpoint fewer
+    layers (`--recompute-num-layers`), or free memory another way (FSDP/ZeRO sharding,
+    activation offload) so less recomputation is needed.
+    """
+
+    code = "MFU004"
+    slug = "recompute"
+    bucket = "recompute"
+    claim_order = 5
+    Params = Params
+
+    def claim(self, ctx: StepContext, ledger: StepLedger) -> None:
+        peak = ctx.peak.flops_per_s
+        if peak is not None:
+            ledger.claim("recompute", ctx.states.recompute_flops / peak, ("matmul", "non_matmul"))
+
+    def findings(self, run: RunContext) -> list[Finding]:
+        frac = run.mean_fraction("recompute")
+        if frac < self.params.min_fraction:
+            return []
+        rec = sum(s.recompute_flops for s in run.states.values())
+        fwd = sum(s.fwd_flops for s in run.states.values())
+        ratio = rec / fwd if fwd > 0 else None
+        kind = "full" if ratio is not None and ratio >= self.params.full_ratio else "selective"
+        ranks, steps = run.involved("recompute", 0.0)
+        gap = (run.hfu - run.mfu) if run.hfu is not None and run.mfu is not None else None
+        summary = f"{kind} recomputation: {frac:.1%} of the step re-runs forward work"
+        if ratio is not None:
+            summary += f" ({ratio:.0%} of the forward FLOPs again)"
+        if gap is not None:
+            summary += f"; HFU − MFU = {gap * 100:.1f} points"
+        advice = ("use selective recomputation (attention only: --recompute-granularity selective, or a "
+                  "torch.utils.checkpoint policy that saves matmul outputs), checkpoint fewer layers "
+                  "(--recompute-num-layers), or shard/offload to free memory instead")
+        if kind == "selective":
+            advice = ("recomputation is already selective; checkpoint fewer layers or free memory by "
+                      "sharding (FSDP/ZeRO) or activation offload")
+        evidence = [f"act:{tl.file_id}:{i}" for tl in run.timelines for i, p in enumerate(tl.phase)
+                    if p == "recompute" and tl.flops[i] > 0][:20]
+        return [Finding(
+            self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("recompute"), ranks, steps,
+            evidence, advice, summary, run.what_if(frac),
+            {"kind": kind, "recompute_over_forward_flops": ratio, "hfu_minus_mfu": gap},
+        )]

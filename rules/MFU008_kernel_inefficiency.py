@@ -1,0 +1,84 @@
+"""MFU008 kernel-inefficiency."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from diag.analysis import Finding, RunContext, severity
+from rules.base import Rule
+
+
+@dataclass(frozen=True)
+class Params:
+    # Memory-bound kernels (norms, elementwise, optimizer) should stream near HBM bandwidth;
+    # under a quarter of it is "far below the roofline".
+    min_bw_fraction: float = 0.25
+    min_fraction: float = 0.01
+    top_kernels: int = 10
+
+
+class KernelInefficiency(Rule):
+    """Non-matmul kernels far below the memory roofline.
+
+    What it finds: norm, elementwise, reduction and optimizer kernels whose bytes moved (from
+    the op's recorded shapes and dtypes) divided by their duration is under a quarter of the
+    part's HBM bandwidth (3,350 GB/s on H100 SXM). The time beyond bytes ÷ bandwidth is the
+    part of `non_matmul` they waste; this rule reports it and claims no separate bucket.
+
+    Why it costs MFU: these kernels do no model FLOPs; at the roofline they would take a
+    fraction of the time, and every extra microsecond is the GEMMs' time.
+
+    What to do: fuse them (torch.compile, fused LayerNorm/RMSNorm, fused AdamW `fused=True`
+    or `foreach=True`, Apex/Transformer Engine kernels), avoid small launches, keep tensors
+    contiguous.
+    """
+
+    code = "MFU008"
+    slug = "kernel-inefficiency"
+    bucket = None
+    claim_order = 100
+    Params = Params
+
+    def findings(self, run: RunContext) -> list[Finding]:
+        hbm = run.peak.hbm_gbps
+        if not hbm:
+            return []
+        lost_by_step: dict[tuple[int, int], float] = defaultdict(float)
+        by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        evidence: dict[str, list[str]] = defaultdict(list)
+        for tl in run.timelines:
+            for i, nbytes in enumerate(tl.bytes_moved):
+                if tl.kclass[i] != "other" or not nbytes or tl.step_of[i] < 0:
+                    continue
+                dur = (tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
+                ideal = nbytes / (hbm * 1e9)
+                if dur <= 0 or ideal / dur >= self.params.min_bw_fraction:
+                    continue
+                lost_by_step[(tl.file_id, int(tl.step_of[i]))] += dur - ideal
+                row = by_name[tl.name[i]]
+                row[0] += 1
+                row[1] += dur
+                row[2] += dur - ideal
+                evidence[tl.name[i]].append(f"act:{tl.file_id}:{i}")
+        windows = {(k[0], k[1]): s.window_ns * 1e-9 for k, s in run.states.items()}
+        n = len(run.ledgers) or 1
+        frac = sum(lost / windows[k] for k, lost in lost_by_step.items() if windows.get(k)) / n
+        if frac < self.params.min_fraction:
+            return []
+        rows = sorted(({"kernel": k, "count": int(v[0]), "time_ms": v[1] * 1e3, "lost_ms": v[2] * 1e3}
+                       for k, v in by_name.items()), key=lambda r: -float(r["lost_ms"]))[: self.params.top_kernels]
+        ranks = sorted({tl.rank for tl in run.timelines if any((tl.file_id, s) in lost_by_step for s in range(len(tl.steps.step)))})
+        summary = (f"non-matmul kernels below {self.params.min_bw_fraction:.0%} of HBM bandwidth waste {frac:.1%} "
+                   f"of the step; worst: {str(rows[0]['kernel'])[:80]}")
+        advice = ("fuse memory-bound kernels: torch.compile, fused RMSNorm/LayerNorm, fused or foreach AdamW, "
+                  "Transformer Engine/Apex kernels; avoid many tiny launches")
+        return [Finding(
+            self.code, self.slug, severity(frac * 100), frac, frac * _mean_window(run), ranks, [],
+            [e for r in rows for e in evidence[str(r["kernel"])][:3]], advice, summary, run.what_if(frac),
+            {"kernels": rows, "hbm_gbps": hbm},
+        )]
+
+
+def _mean_window(run: RunContext) -> float:
+    return sum(lg.window_s for lg in run.ledgers) / len(run.ledgers) if run.ledgers else 0.0

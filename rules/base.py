@@ -1,0 +1,31 @@
+"""What every rule is: a code, a slug, typed parameters, a claim on the ledger, findings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from diag.analysis import Finding, RunContext, StepContext
+from diag.ledger import StepLedger
+
+
+@dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+class Rule:
+    code: ClassVar[str]
+    slug: ClassVar[str]
+    bucket: ClassVar[str | None]          # the ledger bucket it claims (None: not a time bucket)
+    claim_order: ClassVar[int] = 100      # lower claims first; residual-style claims go last
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, params: object | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    def claim(self, ctx: StepContext, ledger: StepLedger) -> None:
+        """Claim this rule's part of one rank-step (default: nothing)."""
+
+    def findings(self, run: RunContext) -> list[Finding]:
+        raise NotImplementedError

@@ -1,0 +1,275 @@
+"""diag.hardware and diag.links: the figures DESIGN.md fixes, part identification, bus factors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diag import hardware
+from diag.hardware import (
+    PARTS,
+    dense_peak_tflops,
+    dtype_from_trace,
+    identify,
+    part_by_key,
+    ridge_flop_per_byte,
+    sparse_peak_matches,
+    sparse_peak_tflops,
+)
+from diag.links import LINKS, bus_factor, normalize_collective
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+@pytest.mark.parametrize(
+    ("key", "dtype", "tflops"),
+    [
+        # DESIGN.md: "Dense peaks, TFLOP/s: H100 SXM (and H200) bf16/fp16 989, fp8 1979, tf32 495;
+        # H100 PCIe bf16 756; H100 NVL bf16 835; A100 bf16 312."
+        ("h100-sxm", "bf16", 989),
+        ("h100-sxm", "fp16", 989),
+        ("h100-sxm", "fp8", 1979),
+        ("h100-sxm", "tf32", 495),
+        ("h200", "bf16", 989),
+        ("h200", "fp16", 989),
+        ("h200", "fp8", 1979),
+        ("h200", "tf32", 495),
+        ("h800", "bf16", 989),
+        ("gh200", "bf16", 989),
+        ("h100-pcie", "bf16", 756),
+        ("h100-nvl", "bf16", 835),
+        ("a100", "bf16", 312),
+        ("a100-40gb", "bf16", 312),
+        ("a100-80gb", "bf16", 312),
+        ("a100-80gb-pcie", "bf16", 312),
+        ("v100", "fp16", 125),
+        ("b200", "bf16", 2250),
+        ("h100-sxm", "fp32", 67),
+        ("a100", "fp32", 19.5),
+        ("a100", "int8", 624),
+    ],
+)
+def test_dense_peaks_are_designs_figures(key: str, dtype: str, tflops: float) -> None:
+    assert dense_peak_tflops(part_by_key(key), dtype) == tflops
+
+
+@pytest.mark.parametrize(
+    ("key", "hbm_gbps", "nvlink_gbps", "sms"),
+    [
+        ("h100-sxm", 3350, 450, 132),
+        ("h100-pcie", 2000, 300, 114),
+        ("h100-nvl", 3900, 300, 132),
+        ("h200", 4800, 450, 132),
+        ("a100-80gb", 2039, 300, 108),
+        ("a100-40gb", 1555, 300, 108),
+        ("b200", 8000, 900, 148),
+        ("v100", 900, 150, 80),
+    ],
+)
+def test_memory_and_link_figures(key: str, hbm_gbps: float, nvlink_gbps: float, sms: int) -> None:
+    part = part_by_key(key)
+    assert (part.hbm_gbps, part.nvlink_gbps, part.sms) == (hbm_gbps, nvlink_gbps, sms)
+
+
+def test_every_cli_name_is_a_part_with_a_cited_source() -> None:
+    assert {"h100-sxm", "h100-pcie", "h100-nvl", "h200", "h800", "gh200", "a100", "a100-40gb", "a100-80gb", "b200", "v100"} <= set(PARTS)
+    for key, part in PARTS.items():
+        assert part.key == key or key == "a100"  # the one alias
+        assert "datasheet" in part.source or "brief" in part.source
+        assert part.dense_tflops and all(v > 0 for v in part.dense_tflops.values())
+
+
+def test_part_by_key_rejects_unknown_names_listing_the_valid_ones() -> None:
+    assert part_by_key(" H100-SXM ") is PARTS["h100-sxm"]
+    with pytest.raises(ValueError, match="h100-sxm") as error:
+        part_by_key("h100")
+    assert "a100-40gb" in str(error.value)
+
+
+def test_a_dtype_the_part_lacks_is_an_error_not_a_neighbours_figure() -> None:
+    with pytest.raises(ValueError, match="no bf16 peak"):
+        dense_peak_tflops(PARTS["v100"], "bf16")
+    with pytest.raises(ValueError, match="no fp8 peak"):
+        dense_peak_tflops(PARTS["a100"], "fp8")
+
+
+def test_sparse_is_twice_dense_for_tensor_dtypes_only() -> None:
+    h100 = PARTS["h100-sxm"]
+    assert sparse_peak_tflops(h100, "bf16") == 2 * 989
+    assert sparse_peak_tflops(h100, "fp8") == 2 * 1979
+    assert sparse_peak_tflops(h100, "fp32") is None  # CUDA cores: no structured sparsity
+    assert sparse_peak_tflops(PARTS["v100"], "fp16") is None  # Volta has none
+    assert sparse_peak_tflops(PARTS["a100"], "fp8") is None
+
+
+@pytest.mark.parametrize(
+    ("datasheet_sparse_figure", "dtype", "key"),
+    [
+        # The figures datasheets print "with sparsity" (MFU007's wrong denominators).
+        (1979, "bf16", "h100-sxm"),
+        (1979, "fp16", "h200"),
+        (3958, "fp8", "h100-sxm"),
+        (989, "tf32", "h100-sxm"),
+        (1513, "bf16", "h100-pcie"),
+        (1671, "bf16", "h100-nvl"),
+        (624, "bf16", "a100-80gb"),
+        (4500, "bf16", "b200"),
+    ],
+)
+def test_sparse_peak_matches_finds_datasheet_sparse_figures(datasheet_sparse_figure: float, dtype: str, key: str) -> None:
+    matches = sparse_peak_matches(datasheet_sparse_figure)
+    assert (PARTS[key], dtype) in matches
+
+
+def test_sparse_peak_matches_ignores_dense_figures_for_the_runs_dtype() -> None:
+    assert sparse_peak_matches(989, dtype="bf16") == []  # 989 is H100 bf16 dense (and tf32 sparse)
+    assert sparse_peak_matches(1979, dtype="fp8") == []  # fp8 dense: a correct peak for an fp8 run
+    assert sparse_peak_matches(312, dtype="bf16") == []
+    assert sparse_peak_matches(1000) == []
+
+
+def test_ridge_point() -> None:
+    # DESIGN.md: "ridge point ~ peak / HBM bandwidth ~ 300 FLOP/byte" on H100.
+    assert ridge_flop_per_byte(PARTS["h100-sxm"], "bf16") == pytest.approx(295.2, abs=0.1)
+    assert ridge_flop_per_byte(PARTS["a100-80gb"], "bf16") == pytest.approx(153.0, abs=0.1)
+
+
+@pytest.mark.parametrize(
+    ("props", "key"),
+    [
+        # Real deviceProperties, from ../shared/traces (see test_identify_real_traces).
+        ({"name": "NVIDIA H100", "numSms": 132, "totalGlobalMem": 102085492736}, "h100-nvl"),
+        ({"name": "NVIDIA A100-PG509-200", "numSms": 108, "totalGlobalMem": 42297524224}, "a100-40gb"),
+        ({"name": "NVIDIA A100-SXM4-80GB", "numSms": 108, "totalGlobalMem": 84990623744}, "a100-80gb"),
+        ({"name": "Tesla V100-SXM2-32GB", "numSms": 80, "totalGlobalMem": 34089730048}, "v100"),
+        ({"name": "Tesla V100-SXM2-16GB", "numSms": 80, "totalGlobalMem": 16945512448}, "v100"),
+        # Names as the driver reports them on other parts.
+        ({"name": "NVIDIA H100 80GB HBM3", "numSms": 132, "totalGlobalMem": 85031714816}, "h100-sxm"),
+        ({"name": "NVIDIA H100 PCIe", "numSms": 114, "totalGlobalMem": 85029158912}, "h100-pcie"),
+        ({"name": "NVIDIA H100 NVL", "numSms": 132, "totalGlobalMem": 100485857280}, "h100-nvl"),
+        ({"name": "NVIDIA H200", "numSms": 132, "totalGlobalMem": 150754820096}, "h200"),
+        ({"name": "NVIDIA H200 NVL", "numSms": 132, "totalGlobalMem": 150754820096}, "h200-nvl"),
+        ({"name": "NVIDIA H800", "numSms": 132, "totalGlobalMem": 85021163520}, "h800"),
+        ({"name": "NVIDIA GH200 480GB", "numSms": 132, "totalGlobalMem": 102005473280}, "gh200"),
+        ({"name": "NVIDIA GH200 144G HBM3e", "numSms": 132, "totalGlobalMem": 153163808768}, "gh200-144gb"),
+        ({"name": "NVIDIA A100 80GB PCIe", "numSms": 108, "totalGlobalMem": 85097971712}, "a100-80gb-pcie"),
+        ({"name": "NVIDIA A100-SXM4-40GB", "numSms": 108, "totalGlobalMem": 42505273344}, "a100-40gb"),
+        ({"name": "NVIDIA B200", "numSms": 148, "totalGlobalMem": 191476826112}, "b200"),
+        # The name alone when it is unambiguous.
+        ({"name": "NVIDIA H100 80GB HBM3"}, "h100-sxm"),
+    ],
+)
+def test_identify(props: dict[str, Any], key: str) -> None:
+    found = identify(props)
+    assert found is not None and found.part is PARTS[key]
+    assert props["name"] in found.reason
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        {"name": "AMD Radeon Graphics", "numSms": 104, "totalGlobalMem": 68702699520},
+        {"name": "Quadro GP100", "numSms": 56, "totalGlobalMem": 17069309952},
+        {"name": "NVIDIA H100"},  # SXM, PCIe or NVL: nothing says which
+        {"name": "NVIDIA H100", "numSms": 132},  # SXM or NVL
+        {"name": "NVIDIA H100", "numSms": 100, "totalGlobalMem": 85031714816},  # no such variant
+        {"name": "NVIDIA H100 PCIe", "numSms": 132},  # contradicts itself
+        {"name": "NVIDIA H800 PCIe", "numSms": 114},  # not listed: no borrowing H100 PCIe's figures
+        {"name": "NVIDIA GB200", "numSms": 152},  # a B200 at 1,200 W: other peaks
+        {"name": "Tesla V100-PCIE-32GB", "numSms": 80},  # 112 TFLOP/s, not the SXM2's 125
+        {"name": "NVIDIA GH200", "numSms": 132, "totalGlobalMem": 120e9},  # neither 96 nor 144 GB
+        {"numSms": 132},
+        {"name": None},
+        {},
+    ],
+)
+def test_identify_never_falls_back(props: dict[str, Any]) -> None:
+    assert identify(props) is None
+
+
+@pytest.mark.parametrize(
+    ("relpath", "key"),
+    [
+        ("kineto/docs/traces/after_fix_trace.json", "h100-nvl"),
+        ("HolisticTraceAnalysis/tests/data/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz", "a100-40gb"),
+        ("HolisticTraceAnalysis/tests/data/negative_queue_length_values_check/rank0.json.gz", "a100-80gb"),
+        ("HolisticTraceAnalysis/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", "v100"),
+        ("HolisticTraceAnalysis/tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", None),
+        ("HolisticTraceAnalysis/tests/data/with_gpu_user_annotation/step_based_trace_2543932.json.gz", None),
+    ],
+)
+def test_identify_real_traces(relpath: str, key: str | None) -> None:
+    path = TRACES / relpath
+    if not path.exists():
+        pytest.skip(f"real traces not found at {TRACES} (see DESIGN.md: ../shared/traces beside the repo)")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        props = json.load(f)["deviceProperties"][0]
+    found = identify(props)
+    assert (found.part if found else None) is (PARTS[key] if key else None)
+
+
+@pytest.mark.parametrize(
+    ("input_type", "dtype"),
+    [
+        ("c10::BFloat16", "bf16"),
+        ("c10::Half", "fp16"),
+        ("float", "fp32"),
+        ("double", "fp64"),
+        ("c10::Float8_e4m3fn", "fp8"),
+        ("c10::Float8_e5m2", "fp8"),
+        ("signed char", "int8"),
+        ("unsigned char", None),
+        ("Scalar", None),
+        ("", None),
+        ("long", None),
+    ],
+)
+def test_dtype_from_trace(input_type: str, dtype: str | None) -> None:
+    assert dtype_from_trace(input_type) == dtype
+
+
+def test_links_are_designs_figures() -> None:
+    # DESIGN.md: "Links, one direction per GPU: HBM3 3,350 GB/s; NVLink 450 GB/s; IB NDR 50 GB/s; PCIe Gen5 64 GB/s."
+    assert {k: link.gbps for k, link in LINKS.items()} == {"hbm3": 3350, "nvlink4": 450, "ib-ndr": 50, "pcie5": 64}
+    assert LINKS["hbm3"].gbps == hardware.PARTS["h100-sxm"].hbm_gbps
+    assert LINKS["nvlink4"].gbps == hardware.PARTS["h100-sxm"].nvlink_gbps
+
+
+@pytest.mark.parametrize(
+    ("collective", "n", "factor"),
+    [
+        ("allreduce", 8, 2 * 7 / 8),
+        ("allgather", 8, 7 / 8),
+        ("reducescatter", 8, 7 / 8),
+        ("alltoall", 4, 3 / 4),
+        ("broadcast", 8, 1.0),
+        ("reduce", 8, 1.0),
+        ("sendrecv", 2, 1.0),
+        ("allreduce", 1, 0.0),  # one rank moves nothing
+        # c10d's "Collective name" spellings normalize to the same collectives.
+        ("all_reduce", 1024, 2 * 1023 / 1024),
+        ("_allgather_base", 4, 3 / 4),
+        ("all_gather_into_tensor_coalesced", 4, 3 / 4),
+        ("_reduce_scatter_base", 4, 3 / 4),
+        ("all_to_all", 4, 3 / 4),
+        ("send", 2, 1.0),
+        ("recv", 2, 1.0),
+    ],
+)
+def test_bus_factor(collective: str, n: int, factor: float) -> None:
+    assert bus_factor(collective, n) == pytest.approx(factor)
+
+
+def test_bus_factor_refuses_what_it_cannot_know() -> None:
+    with pytest.raises(ValueError, match="barrier"):
+        bus_factor("barrier", 8)
+    with pytest.raises(ValueError, match="n=0"):
+        bus_factor("allreduce", 0)
+    assert normalize_collective("barrier") is None
+    assert normalize_collective("ReduceScatter") == "reducescatter"
+    assert normalize_collective("reduce") == "reduce"
