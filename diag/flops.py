@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -122,6 +122,7 @@ def _gemm(args: _Args, m: int, n: int, k: int, batch: int, reads: Sequence[int],
         m_n_k=(m, n, k),
         dtype=args.dtype(reads[0]),
         bytes_moved=_sum_bytes(*(args.nbytes(i) for i in reads), written),
+        batch=batch,
     )
 
 
@@ -192,7 +193,7 @@ def _scaled_mm(args: _Args) -> OpFlops | None:
         return None
     m, n, _ = op.m_n_k
     read = _sum_bytes(args.nbytes(0), args.nbytes(1))
-    return OpFlops(op.flops, op.kind, op.m_n_k, op.dtype, None if read is None else read + 2.0 * m * n)
+    return replace(op, bytes_moved=None if read is None else read + 2.0 * m * n)
 
 
 # --- attention -------------------------------------------------------------------------------
@@ -410,8 +411,12 @@ _CONV_LAYOUTS = {
     # (self, weight, bias, padding, stride, dilation, groups)
     "mkldnn_convolution": _ConvLayout(4, 3, 5, False),
     "miopen_convolution": _ConvLayout(4, 3, 5, False),
-    # (self, weight, kernel_size, bias, stride, padding): dilation 1
+    # (self, weight, kernel_size, bias, stride, padding[, dilation]): CPU fallbacks
     "_slow_conv2d_forward": _ConvLayout(4, 5, None, False),
+    "slow_conv3d": _ConvLayout(4, 5, None, False),
+    "slow_conv3d_forward": _ConvLayout(4, 5, None, False),
+    "slow_conv_dilated2d": _ConvLayout(4, 5, 6, False),
+    "slow_conv_dilated3d": _ConvLayout(4, 5, 6, False),
     # transposed: FLOPs need only the input's shape
     "conv_transpose1d": _ConvLayout(None, None, None, True),
     "conv_transpose2d": _ConvLayout(None, None, None, True),

@@ -267,14 +267,48 @@ def test_malicious_pickle_is_refused_and_never_run(
     assert marker.exists()
 
 
-def test_pickle_of_shared_references_is_refused() -> None:
+def _shared_reference_bomb() -> object:
     # 30 levels of 10 references to the level below: ~300 bytes that stand for 10**30 lists.
     bomb: list[object] = []
     for _ in range(30):
         bomb = [bomb] * 10
-    payload = pickle.dumps({"version": "2.10", "pg_config": {}, "entries": bomb}, protocol=2)
-    with pytest.raises(BadInput, match="expands to more objects than its"):
-        load_plain("bomb", payload)
+    return bomb
+
+
+def _contains_itself() -> object:
+    loop: list[object] = []
+    loop.append(loop)
+    return loop
+
+
+def _nested(depth: int) -> object:
+    nest: list[object] = []
+    for _ in range(depth):
+        nest = [nest]
+    return nest
+
+
+@pytest.mark.parametrize(
+    ("entries", "reason"),
+    [
+        (_shared_reference_bomb(), "expands to more than"),
+        (_contains_itself(), "contains itself"),
+        (_nested(100), "nests deeper than 64 levels"),
+        ({1, 2}, "pickle holds a set"),  # protocol 4 builds sets without find_class (EMPTY_SET)
+    ],
+)
+def test_pickle_that_is_not_a_plain_tree_is_refused(entries: object, reason: str) -> None:
+    payload = pickle.dumps({"version": "2.10", "pg_config": {}, "entries": entries}, protocol=4)
+    with pytest.raises(BadInput, match=reason):
+        load_plain("dump", payload)
+
+
+def test_real_dump_shares_frames_and_loads() -> None:
+    dump = load_plain(str(FR_GLOO), FR_GLOO.read_bytes())
+    assert isinstance(dump, dict)
+    entries = dump["entries"]
+    # torch pickles each distinct frame once; entries refer to it (BINGET), so the check must allow it.
+    assert entries[0]["frames"][1] is entries[1]["frames"][1]
 
 
 def test_truncated_pickle_is_bad_input(tmp_path: Path) -> None:
@@ -394,6 +428,25 @@ def test_profiler_garbled_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match=r"not JSON even with bare words quoted") as bad:
         _parse(path)
     assert bad.value.path == str(path)
+
+
+def test_values_that_do_not_fit_are_left_empty_with_a_warning(tmp_path: Path) -> None:
+    # %f prints an infinite time as a bare inf; 2**62 float64 elements are 2**65 bytes.
+    path = tmp_path / "prof.json"
+    path.write_bytes(
+        b'[\n{"name": "Send", "cat": "P2P", "ph": "b", "id": 0, "pid": 1, "tid": 1, "ts": inf, "args": '
+        b'{"CommHash": 1, "Rank": 0, "Peer": 1, "Count": 4611686018427387904, "Datatype": "ncclFloat64"}},\n'
+        b'{"name": "Send", "cat": "P2P", "ph": "e", "id": 0, "pid": 1, "tid": 1, "ts": 12.000000},\n{}]\n'
+    )
+    parsed = _parse(path)
+    assert _rows(parsed) == [
+        {"rank": 0, "source": "nccl_profiler", "record_idx": 0, "pg_name": "0x1", "comm_id": "0x1",
+         "collective": "send", "in_nelems": 2**62, "dtype": "ncclFloat64", "end_ns": 12_000},
+    ]  # fmt: skip
+    assert parsed.warnings == (
+        "1 record(s) had an unusable 'ts' (wrong type or out of range; left empty)",
+        "1 msg_bytes value(s) do not fit int64; left empty",
+    )
 
 
 def test_lenient_loader_quotes_bare_words_and_keeps_big_integers() -> None:

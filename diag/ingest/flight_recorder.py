@@ -120,7 +120,7 @@ def _op(idx: int, entry: Mapping[str, object], group_ranks: Mapping[str, list[in
     collective = normalize_collective(operation)
     pg_name, pg_desc = _process_group(entry, f)
     is_p2p = entry.get("is_p2p")
-    if not isinstance(is_p2p, bool):  # absent before dump version 2.3
+    if not isinstance(is_p2p, bool):  # absent from older dumps
         is_p2p = collective in ("send", "recv")
     inputs = _tensors(entry, "input_sizes", "input_dtypes", f)
     outputs = _tensors(entry, "output_sizes", "output_dtypes", f)

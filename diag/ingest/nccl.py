@@ -17,7 +17,9 @@ the Arrow schema of the table, collective-name normalization and typed field rea
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -197,23 +199,36 @@ def parse_nccl_file(path: str, data: bytes, *, rank: int | None = None) -> NcclP
             warnings.append(f"rank {rank} given overrides rank {file_rank} found in the file ({rank_source})")
         file_rank, rank_source = rank, "option"
     source = SOURCE_OF_KIND[kind]
-    return NcclParse(
-        source, file_rank, rank_source, ops_table(parsed.rows, file_rank, source), tuple(warnings)
-    )
+    table, table_warnings = ops_table(parsed.rows, file_rank, source)
+    return NcclParse(source, file_rank, rank_source, table, tuple(warnings + table_warnings))
 
 
-def ops_table(rows: Iterable[NcclOp], rank: int | None, source: str) -> pa.Table:
-    """The rows as an Arrow table with NCCL_OPS_SCHEMA."""
+def ops_table(rows: Iterable[NcclOp], rank: int | None, source: str) -> tuple[pa.Table, list[str]]:
+    """The rows as an Arrow table with NCCL_OPS_SCHEMA, and a warning per column that lost values.
+
+    Values read from a file are range-checked as they are read (`Fields`); what the parsers compute
+    from them (count × element size, sums of tensor sizes) is checked here against the column type.
+    """
     names = [f.name for f in fields(NcclOp)]
-    values_of = attrgetter(*names)
-    columns: dict[str, list[object]] = {name: [] for name in names}
-    for row in rows:
-        for name, value in zip(names, values_of(row), strict=True):
-            columns[name].append(value)
+    row_values = attrgetter(*names)
+    per_column = list(zip(*(row_values(row) for row in rows), strict=True)) or [()] * len(names)
+    columns: dict[str, list[object]] = {name: list(v) for name, v in zip(names, per_column, strict=True)}
     n_rows = len(columns["record_idx"])
     columns["rank"] = [rank] * n_rows
     columns["source"] = [source] * n_rows
-    return pa.table({f.name: columns[f.name] for f in NCCL_OPS_SCHEMA}, schema=NCCL_OPS_SCHEMA)
+    arrays, warnings = [], []
+    for field in NCCL_OPS_SCHEMA:
+        values = columns[field.name]
+        try:
+            arrays.append(pa.array(values, field.type))
+        except (pa.ArrowInvalid, OverflowError):
+            low, high = _INT_RANGE[field.type.bit_width]
+            fitting = [v if not isinstance(v, int) or low <= v <= high else None for v in values]
+            warnings.append(
+                f"{fitting.count(None) - values.count(None)} {field.name} value(s) do not fit {field.type}; left empty"
+            )
+            arrays.append(pa.array(fitting, field.type))
+    return pa.Table.from_arrays(arrays, schema=NCCL_OPS_SCHEMA), warnings
 
 
 # Source spellings → one name per operation. Keys are lower-case with '_' removed, after
@@ -246,6 +261,7 @@ def normalize_collective(text: str) -> str:
 
 
 _INT_RANGE = {32: (-(2**31), 2**31 - 1), 64: (-(2**63), 2**63 - 1)}
+_FLOAT_MAX = sys.float_info.max
 
 
 class Fields:
@@ -276,11 +292,11 @@ class Fields:
         return None
 
     def number(self, record: Mapping[str, object], key: str) -> float | None:
+        """A finite number; NaN reads as None, the Inspector's "nan" string too (inspector/json.cc jsonDouble)."""
         value = record.get(key)
-        # The Inspector writes a NaN bandwidth as the string "nan" (inspector/json.cc jsonDouble).
-        if value is None or value == "nan":
+        if value is None or value == "nan" or (isinstance(value, float) and math.isnan(value)):
             return None
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) < _FLOAT_MAX:
             return float(value)
         self._unusable[key] += 1
         return None

@@ -41,7 +41,6 @@ from diag.ingest.nccl import (
     SourceParse,
     byte_offset,
     normalize_collective,
-    record_json,
     single_rank,
 )
 
@@ -60,7 +59,7 @@ def parse(path: str, data: bytes) -> SourceParse:
         if not line.strip():
             continue
         try:
-            record = _load_line(line)
+            text, record = _load_line(line)
         except _LineError as e:
             if line_idx == len(lines) - 1:
                 # No newline after it: the dump thread was still writing this line.
@@ -81,7 +80,7 @@ def parse(path: str, data: bytes) -> SourceParse:
             continue
         if header is None:
             headerless += 1
-        rows.append(_op(line_idx, record, context, perf, fields))
+        rows.append(_op(line_idx, text, context, perf, fields))
         comm_rank = fields.integer(context, "rank", bits=32) if context is not None else None
         if comm_rank is not None:
             comm_ranks.append(comm_rank)
@@ -100,7 +99,7 @@ def parse(path: str, data: bytes) -> SourceParse:
 
 def _op(
     line_idx: int,
-    record: Mapping[str, object],
+    line_text: str,
     header: Mapping[str, object] | None,
     perf: Mapping[str, object],
     f: Fields,
@@ -111,7 +110,7 @@ def _op(
     start_ns, end_ns, n_channels = _kernel_span(f.mapping(perf, "event_trace_ts"), f)
     return NcclOp(
         record_idx=line_idx,
-        record=record_json(record),
+        record=line_text,  # already the record as compact JSON
         pg_name=comm_id,
         comm_id=comm_id,
         n_ranks=f.integer(header, "n_ranks", bits=32) if header is not None else None,
@@ -153,12 +152,13 @@ class _LineError(Exception):
         self.column = column  # bytes into the line
 
 
-def _load_line(line: bytes) -> object:
+def _load_line(line: bytes) -> tuple[str, object]:
+    """The line's text (less a trailing \\r) and its JSON value."""
     try:
-        text = line.decode("utf-8")
+        text = line.decode("utf-8").rstrip()
     except UnicodeDecodeError as e:
         raise _LineError(f"not UTF-8: {e.reason}", e.start) from None
     try:
-        return json.loads(text)
+        return text, json.loads(text)
     except json.JSONDecodeError as e:
         raise _LineError(e.msg, byte_offset(text, e.pos)) from None

@@ -113,7 +113,7 @@ def parse(path: str, data: bytes) -> SourceParse:
             comm_ranks.append(comm_rank)
     if malformed:
         warnings.append(
-            f"skipped {malformed} element(s) that are not profiler events (name, cat, ph 'b'/'e', id)"
+            f"skipped {malformed} element(s) that are not profiler events (a 'cat' and ph 'b' or 'e')"
         )
     if unopened := sum(unmatched_ends.values()):
         warnings.append(f"{unopened} end event(s) had no begin: {_by_category(unmatched_ends)}")

@@ -6,9 +6,11 @@ can build nothing but the containers and primitives the opcodes make themselves.
 need no more: torch writes them from a c10::Dict of strings, ints, floats, bools, None, lists and
 tuples (FlightRecorderDetail.hpp `dump_dict`; torch's own fr_trace loader calls plain `pickle.load`).
 
-After loading, the object tree is checked against the file size, because memo references (BINGET)
-let a few bytes stand for a container many times over: a legitimate dump costs at least one byte per
-object, so a tree larger than the file is a bomb, and it is refused before anything walks it again.
+After loading, the tree is measured as JSON would write it out, where every reference to a shared
+container (a memo BINGET) copies it again. Real dumps share a little: torch pickles one dict per
+distinct stack frame and every entry that has the frame refers to it, so the torch 2.13 dump in
+tests/data/nccl expands to 0.16 objects per byte. A few bytes of references can stand for 10**30
+objects, so more than `_MAX_OBJECTS_PER_BYTE` per byte is refused before anything walks it again.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import pickle
 
 from diag.errors import BadInput
 
-_PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
-_KEY_TYPES = (str, int, float, bool, type(None))
+_CONTAINERS = (dict, list, tuple)
+_LEAVES = (str, int, float, bool, type(None))
+# A shared frame costs the most per byte: a 2-byte BINGET for a dict of 3 keys and 3 values,
+# 7 objects, 3.5 per byte. 32 leaves room above that; a bomb needs orders of magnitude more.
+_MAX_OBJECTS_PER_BYTE = 32
 # Flight Recorder entries nest 4 deep (dump → entries → entry → frames → frame); 64 is ample.
 _MAX_DEPTH = 64
 # Slack for tiny pickles, where the protocol header is a large share of the bytes.
-_MIN_NODE_BUDGET = 1024
+_MIN_BYTES = 1024
 
 
 class PlainUnpickler(pickle.Unpickler):
@@ -57,33 +62,52 @@ def load_plain(path: str, data: bytes) -> object:
     ) as e:
         # What the C unpickler raises on garbled opcodes and arguments.
         raise BadInput(path, f"not a readable pickle ({type(e).__name__}: {e})") from None
-    _check_plain(path, obj, len(data))
+    expanded_size(path, obj, _MAX_OBJECTS_PER_BYTE * max(len(data), _MIN_BYTES))
     return obj
 
 
-def _check_plain(path: str, root: object, n_bytes: int) -> None:
-    node_budget = max(n_bytes, _MIN_NODE_BUDGET)
-    stack: list[tuple[object, int]] = [(root, 0)]
-    visited = 0
+def expanded_size(path: str, root: object, max_objects: int) -> int:
+    """How many objects `root` stands for when every reference to a shared container copies it.
+
+    Memoized per container, so a bomb costs one visit per distinct object, not per copy; a container
+    that contains itself, a non-plain object or more than `max_objects` objects is refused.
+    """
+    size: dict[int, int] = {}
+    on_path: set[int] = set()  # containers entered and not yet finished: the path from the root
+    stack: list[tuple[object, bool]] = [(root, False)]
     while stack:
-        node, depth = stack.pop()
-        visited += 1
-        if visited > node_budget:
-            raise BadInput(
-                path,
-                f"pickle expands to more objects than its {n_bytes} bytes can hold (shared references); refused",
-            )
-        if depth > _MAX_DEPTH:
+        node, finished = stack.pop()
+        if not isinstance(node, _CONTAINERS):
+            if not isinstance(node, _LEAVES):
+                raise BadInput(path, f"pickle holds a {type(node).__name__}; only plain data is accepted")
+            continue
+        if finished:
+            on_path.discard(id(node))
+            size[id(node)] = 1 + sum(size.get(id(child), 1) for child in _children(path, node))
+            if size[id(node)] > max_objects:
+                raise BadInput(
+                    path, f"pickle expands to more than {max_objects} objects (shared references); refused"
+                )
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in on_path:
+            raise BadInput(path, "pickle holds a container that contains itself; refused")
+        if len(on_path) >= _MAX_DEPTH:
             raise BadInput(path, f"pickle nests deeper than {_MAX_DEPTH} levels; refused")
-        if not isinstance(node, _PLAIN_TYPES):
-            raise BadInput(path, f"pickle holds a {type(node).__name__}; only plain data is accepted")
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if not isinstance(key, _KEY_TYPES):
-                    raise BadInput(
-                        path,
-                        f"pickle has a dict key of type {type(key).__name__}; only plain keys are accepted",
-                    )
-                stack.append((value, depth + 1))
-        elif isinstance(node, list | tuple):
-            stack.extend((item, depth + 1) for item in node)
+        on_path.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(path, node))
+    return size.get(id(root), 1)
+
+
+def _children(path: str, node: dict[object, object] | list[object] | tuple[object, ...]) -> list[object]:
+    """A container's values, dict keys included (they are objects in the output too)."""
+    if not isinstance(node, dict):
+        return list(node)
+    for key in node:
+        if not isinstance(key, _LEAVES):
+            raise BadInput(
+                path, f"pickle has a dict key of type {type(key).__name__}; only plain keys are accepted"
+            )
+    return [*node.keys(), *node.values()]

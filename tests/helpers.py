@@ -1,0 +1,44 @@
+"""Shared test helpers: where the real traces are, and the CLI as a real subprocess."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "traces"
+
+
+def shared_traces() -> Path:
+    if not TRACES.is_dir():
+        pytest.skip(f"real traces not found at {TRACES} (../shared/traces beside the repository)")
+    return TRACES
+
+
+def kineto_traces() -> list[Path]:
+    """Every Kineto trace under ../shared/traces (the NCCL profiler dump is not one)."""
+    root = shared_traces()
+    return sorted(p for p in root.rglob("*") if p.name.endswith((".json", ".json.gz")) and "pha-Z-nccl" not in str(p))
+
+
+def load_json(path: Path) -> Any:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:  # type: ignore[operator]
+        return json.load(f)
+
+
+def run_diag(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`diag ARGS...` as a real subprocess, as a user (or CI) runs it."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "diag.cli", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+        timeout=timeout,
+    )

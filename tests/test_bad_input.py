@@ -1,0 +1,155 @@
+"""Bad input: one line on stderr naming the file (and the byte offset where known), exit 2;
+`--salvage` keeps the complete events before the damage and marks the file partial."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from helpers import run_diag
+
+EVENTS = [
+    {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 1000.5 + i * 10, "dur": 5,
+     "args": {"External id": i}}
+    for i in range(20)
+]
+
+
+def trace_text(**extra: object) -> str:
+    doc = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": EVENTS, **extra}
+    return json.dumps(doc, indent=1)
+
+
+def ingest(tmp_path: Path, f: Path, *extra: str) -> tuple[int, str]:
+    r = run_diag("ingest", str(f), "--db", str(tmp_path / "x.duckdb"), *extra)
+    return r.returncode, r.stderr
+
+
+def one_line_naming(stderr: str, f: Path) -> bool:
+    return stderr.count("\n") == 1 and str(f) in stderr and "Traceback" not in stderr
+
+
+def rows(tmp_path: Path) -> tuple[int, bool | None]:
+    con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
+    n = con.execute("SELECT count(*) FROM cpu_ops").fetchone()[0]
+    part = con.execute("SELECT any_value(partial) FROM trace_files").fetchone()[0]
+    con.close()
+    return n, part
+
+
+def test_truncated_file_is_refused_then_salvaged(tmp_path: Path) -> None:
+    text = trace_text()
+    cut = text.index('"aten::op12"')          # killed mid-write, inside event 12
+    f = tmp_path / "rank-0.json"
+    f.write_text(text[:cut])
+    code, err = ingest(tmp_path, f)
+    assert code == 2 and one_line_naming(err, f) and "truncated" in err and f"byte {cut}" in err
+    assert rows(tmp_path) == (0, None)        # atomic: nothing of the file
+    code, err = ingest(tmp_path, f, "--salvage")
+    assert code == 0, err
+    assert rows(tmp_path) == (12, True)       # events 0..11 were complete
+
+
+def test_truncated_gzip_is_refused_with_offset(tmp_path: Path) -> None:
+    data = gzip.compress(trace_text().encode())
+    f = tmp_path / "rank-0.pt.trace.json.gz"
+    f.write_bytes(data[: len(data) // 2])
+    code, err = ingest(tmp_path, f)
+    assert code == 2 and one_line_naming(err, f) and "truncated gzip" in err and "byte" in err
+
+
+def test_corrupt_gzip(tmp_path: Path) -> None:
+    data = bytearray(gzip.compress(trace_text().encode()))
+    data[20:40] = b"\xff" * 20
+    f = tmp_path / "rank-0.json.gz"
+    f.write_bytes(bytes(data))
+    code, err = ingest(tmp_path, f)
+    assert code == 2 and one_line_naming(err, f) and "gzip" in err
+
+
+def test_control_character_inside_a_string(tmp_path: Path) -> None:
+    text = trace_text().replace("aten::op7", "aten::op\x017")
+    f = tmp_path / "rank-0.json"
+    f.write_text(text)
+    code, err = ingest(tmp_path, f)
+    assert code == 2 and one_line_naming(err, f) and "control character 0x01" in err
+    assert f"byte {text.index(chr(1))}" in err
+    assert ingest(tmp_path, f, "--salvage")[0] == 0
+    assert rows(tmp_path) == (7, True)
+
+
+def test_nan_literal(tmp_path: Path) -> None:
+    text = trace_text().replace('"dur": 5', '"dur": NaN', 1)
+    f = tmp_path / "rank-0.json"
+    f.write_text(text)
+    code, err = ingest(tmp_path, f)
+    assert code == 2 and one_line_naming(err, f) and "NaN" in err and f"byte {text.index('NaN')}" in err
+
+
+def test_huge_integers_stay_exact(tmp_path: Path) -> None:
+    big = 2**70 + 1
+    ev = [{"ph": "f", "id": big, "pid": 1, "tid": 1, "ts": 5, "cat": "ac2g", "name": "ac2g", "bp": "e"}]
+    doc = {"distributedInfo": {"rank": 0}, "traceEvents": EVENTS + ev}
+    f = tmp_path / "rank-0.json"
+    f.write_text(json.dumps(doc))
+    code, err = ingest(tmp_path, f)
+    assert code == 0, err
+    con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
+    assert con.execute("SELECT flow_id FROM flows").fetchone()[0] == str(big)
+    con.close()
+
+
+def test_deep_nesting(tmp_path: Path) -> None:
+    f = tmp_path / "rank-0.json"
+    f.write_text('{"traceEvents": [{"ph": "X", "args": ' + "[" * 200_000 + "]" * 200_000 + "}]}")
+    code, err = ingest(tmp_path, f)
+    assert code == 2 and one_line_naming(err, f) and "nested too deeply" in err
+
+
+def test_decompression_bomb_is_capped(tmp_path: Path) -> None:
+    # 64 MiB of spaces inside a valid trace packs to ~64 KiB.
+    text = trace_text()
+    bomb = text[:-1] + " " * (64 << 20) + "}"
+    f = tmp_path / "rank-0.json.gz"
+    f.write_bytes(gzip.compress(bomb.encode(), compresslevel=9))
+    assert f.stat().st_size < 1 << 20
+    code, err = ingest(tmp_path, f, "--max-bytes", str(1 << 20))
+    assert code == 2 and one_line_naming(err, f) and "cap" in err and "--max-bytes" in err
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    f = tmp_path / "rank-0.json"
+    f.write_text("")
+    code, err = ingest(tmp_path, f)
+    assert code == 2 and one_line_naming(err, f) and "empty" in err
+
+
+@pytest.mark.parametrize("text", ['{"hello": "world"}', "[1, 2, 3]", '{"traceEvents": 5}'])
+def test_json_that_is_not_a_trace(tmp_path: Path, text: str) -> None:
+    f = tmp_path / "rank-0.json"
+    f.write_text(text)
+    code, err = ingest(tmp_path, f)
+    assert code == 2 and one_line_naming(err, f) and "not a" in err
+
+
+def test_a_bad_file_does_not_stop_the_good_ones(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank-0.json").write_text(trace_text())
+    (d / "rank-1.json").write_text(trace_text()[:100])
+    code, err = ingest(tmp_path, d)
+    errors = [line for line in err.splitlines() if line.startswith("diag:")]
+    assert code == 2 and len(errors) == 1 and "rank-1.json" in errors[0]
+    assert rows(tmp_path)[0] == 20
+
+
+def test_gzip_member_concatenation_reads_whole(tmp_path: Path) -> None:
+    text = trace_text().encode()
+    half = len(text) // 2
+    f = tmp_path / "rank-0.json.gz"
+    f.write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]))
+    assert ingest(tmp_path, f)[0] == 0
+    assert rows(tmp_path) == (20, False)   # two gzip members, as `cat a.gz b.gz` makes

@@ -1,0 +1,418 @@
+"""diag.capture and the example job, proven on runs captured here: 2 processes, gloo, CPU.
+
+The real runs (marked slow, ~5 s each: every process imports torch and torch._dynamo) are made
+once per module and shared by the tests that read them; the checks read the raw Kineto JSON,
+not diag's ingest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diag.capture import (
+    FLIGHT_RECORDER_PREFIX,
+    MODEL_FILE,
+    add_capture_arguments,
+    flight_recorder_env,
+    model_toml,
+    read_model_toml,
+    run_capture,
+    run_capture_command,
+    write_model_toml,
+)
+from diag.errors import BadInput, ExitCode
+from diag.example.launch import ExampleConfig, add_job_arguments, run_example
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+LOADER_SPAN = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
+MODEL = {"params": 1.2e9, "layers": 16, "heads": 16, "head_dim": 128, "seq_len": 4096, "tokens_per_step": 524288}
+
+
+# ---------------------------------------------------------------- reading a Kineto trace
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: Path
+    doc: dict[str, Any]
+
+    @property
+    def rank(self) -> int:
+        return int(self.doc["distributedInfo"]["rank"])
+
+    @property
+    def spans(self) -> list[dict[str, Any]]:
+        return [e for e in self.doc["traceEvents"] if e.get("ph") == "X"]
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.spans if e["name"] == name]
+
+    def steps(self) -> list[dict[str, Any]]:
+        return sorted((e for e in self.spans if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+
+    def thread_names(self, tid: int) -> set[str]:
+        return {
+            e["args"]["name"]
+            for e in self.doc["traceEvents"]
+            if e.get("ph") == "M" and e["name"] == "thread_name" and e["tid"] == tid
+        }
+
+    def inside(self, outer: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+        """Spans called `name` within one of `outer`, on the same thread."""
+        return [
+            e
+            for e in self.named(name)
+            if any(
+                o["tid"] == e["tid"] and o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in outer
+            )
+        ]
+
+    def backward(self) -> list[dict[str, Any]]:
+        return [e for e in self.spans if e["name"].startswith(BACKWARD_PREFIX)]
+
+
+def traces(out: Path) -> list[Trace]:
+    return [Trace(p, json.loads(p.read_text())) for p in sorted(out.glob("*.pt.trace.json"))]
+
+
+def by_rank(out: Path) -> dict[int, list[Trace]]:
+    found: dict[int, list[Trace]] = {}
+    for trace in traces(out):
+        found.setdefault(trace.rank, []).append(trace)
+    return found
+
+
+def within(step: dict[str, Any], spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in spans if step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+
+
+# ---------------------------------------------------------------- fast: no torch process
+
+
+def test_the_core_imports_without_torch() -> None:
+    code = "import sys, diag.capture, diag.example; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_model_toml_is_designs_model_form(tmp_path: Path) -> None:
+    path = write_model_toml(tmp_path, MODEL)
+    assert path.name == MODEL_FILE
+    assert tomllib.loads(path.read_text())["model"] == MODEL
+    assert read_model_toml(path) == MODEL
+    assert not list(tmp_path.glob(".*")), "no temporary file left behind"
+
+
+def test_an_incomplete_model_description_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="missing \\['tokens_per_step'\\]"):
+        model_toml({k: v for k, v in MODEL.items() if k != "tokens_per_step"})
+    with pytest.raises(ValueError, match="layers = 0"):
+        model_toml({**MODEL, "layers": 0})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model]\nparams = 7e9\n")
+    with pytest.raises(BadInput, match="bad.toml: model description: missing"):
+        read_model_toml(bad)
+
+
+def test_flight_recorder_env_points_dumps_into_the_trace_dir_and_keeps_user_settings(tmp_path: Path) -> None:
+    env = flight_recorder_env(tmp_path, {})
+    prefix = str(tmp_path.resolve() / FLIGHT_RECORDER_PREFIX)
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    mine = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/elsewhere/fr_", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+    assert flight_recorder_env(tmp_path, mine) == {}
+
+
+def test_example_switches_round_trip_through_the_command_line() -> None:
+    config = ExampleConfig(
+        steps=6, active=2, loader_delay_ms=50.0, slow_rank=1, recompute="full", micro_batch=2, no_overlap=True, pp=2
+    )
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)
+    assert ExampleConfig.from_args(parser.parse_args(config.to_argv())) == config
+    assert ExampleConfig.from_args(parser.parse_args([])) == ExampleConfig()
+
+
+@pytest.mark.parametrize(
+    ("switches", "nproc", "named"),
+    [
+        ({"pp": 2}, 3, "--pp 2"),
+        ({"slow_rank": 2}, 2, "--slow-rank 2"),
+        ({"micro_batch": 3}, 2, "--micro-batch 3"),
+        ({"steps": 3, "active": 2}, 2, "--steps 3"),
+    ],
+)
+def test_a_run_that_cannot_work_is_refused_naming_the_switch(
+    tmp_path: Path, switches: dict[str, Any], nproc: int, named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        run_example(tmp_path, nproc=nproc, **switches)
+
+
+def test_the_wrapper_passes_the_status_and_keeps_the_users_sitecustomize(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIR_SITE_RAN'] = '1'\n")
+    monkeypatch.setenv("PYTHONPATH", str(theirs))
+    out = tmp_path / "out"
+    code = textwrap.dedent(
+        f"""
+        import os, sys
+        assert os.environ['THEIR_SITE_RAN'] == '1'
+        assert os.environ['DIAG_CAPTURE_DIR'] == {str(out.resolve())!r}
+        assert os.environ['DIAG_CAPTURE_SCHEDULE'] == '1,1,2,1'
+        assert 'torch' not in sys.modules  # the hook waits for the training script to import it
+        sys.exit(7)
+        """
+    )
+    assert run_capture([sys.executable, "-c", code], out, active=2) == 7
+
+
+def test_the_capture_command_needs_a_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_capture_arguments(parser)
+    assert run_capture_command(parser.parse_args(["--out", str(tmp_path), "--"])) == ExitCode.BAD_INPUT
+    assert "no command given" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- slow: real captured runs
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DDP, with a slow loader, a slow rank 1 and full recomputation; two cycles of two steps."""
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("ddp")
+    return run_example(
+        out, nproc=2, steps=8, active=2, repeat=2, loader_delay_ms=50, slow_rank=1, recompute="full"
+    )
+
+
+@pytest.fixture(scope="module")
+def pp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two pipeline stages, four microbatches of 2, selective recomputation; one recorded step."""
+    pytest.importorskip("torch")
+    return run_example(tmp_path_factory.mktemp("pp"), nproc=2, steps=3, pp=2, micro_batch=2, recompute="selective")
+
+
+@pytest.fixture(scope="module")
+def no_overlap_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    return run_example(tmp_path_factory.mktemp("no_overlap"), nproc=2, steps=3, no_overlap=True)
+
+
+def _parameters(config: ExampleConfig) -> tuple[int, int]:
+    """(non-embedding, all) parameters, counted over the modules of the model the job builds."""
+    from torch import nn
+
+    from diag.example.gpt import GPT
+
+    gpt = GPT(config)
+    non_embedding = sum(
+        p.numel() for m in gpt.modules() if not isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
+    )
+    return non_embedding, sum(p.numel() for p in gpt.parameters())
+
+
+@pytest.mark.slow
+def test_one_trace_per_rank_per_cycle_with_distributed_info(ddp_run: Path) -> None:
+    ranks = by_rank(ddp_run)
+    assert sorted(ranks) == [0, 1]
+    for rank, files in ranks.items():
+        assert len(files) == 2, f"rank {rank}: one file per cycle"
+        for trace in files:
+            info = trace.doc["distributedInfo"]
+            assert (info["world_size"], info["backend"]) == (2, "gloo")
+            assert trace.doc["record_shapes"] == 1
+            # tensorboard_trace_handler's `{hostname}_{pid}.{time_ns}.pt.trace.json`
+            worker, time_ns, *_ = trace.path.name.split(".")
+            assert worker.rsplit("_", 1)[1].isdigit() and time_ns.isdigit()
+        # wait 1, warm-up 1, active 2, twice: steps 2-3, then 6-7
+        assert [[s["name"] for s in t.steps()] for t in files] == [
+            ["ProfilerStep#2", "ProfilerStep#3"],
+            ["ProfilerStep#6", "ProfilerStep#7"],
+        ]
+
+
+@pytest.mark.slow
+def test_model_toml_describes_the_model_that_ran(ddp_run: Path) -> None:
+    model = tomllib.loads((ddp_run / MODEL_FILE).read_text())["model"]
+    config = ExampleConfig()
+    assert model == {
+        "params": _parameters(config)[0],
+        "layers": 4,
+        "heads": 4,
+        "head_dim": 16,
+        "seq_len": 64,
+        "tokens_per_step": 8 * 64 * 2,  # batch × seq_len × 2 data-parallel ranks
+    }
+
+
+@pytest.mark.slow
+def test_gemms_carry_their_shapes(ddp_run: Path) -> None:
+    trace = traces(ddp_run)[0]
+    addmms = trace.named("aten::addmm")
+    assert addmms
+    for op in addmms:
+        bias, a, b, *_ = op["args"]["Input Dims"]
+        assert len(a) == len(b) == 2 and a[1] == b[0], op["args"]
+        assert a[0] == 8 * 64  # the whole batch: batch × seq_len rows
+
+
+@pytest.mark.slow
+def test_ddp_gradient_all_reduce_is_bucketed_and_overlaps_backward(ddp_run: Path) -> None:
+    _, all_params = _parameters(ExampleConfig())
+    for trace in traces(ddp_run):
+        # On the CPU a gloo collective is two host spans: the c10d op on the main thread, and
+        # gloo's own on a gloo worker thread carrying the tensor's shape.
+        main_tid = trace.steps()[0]["tid"]
+        assert {e["tid"] for e in trace.named("c10d::allreduce_")} == {main_tid}
+        assert trace.thread_names(trace.named("gloo:all_reduce")[0]["tid"]) >= {
+            f"thread {trace.named('gloo:all_reduce')[0]['tid']} (pt_gloo_runloop)"
+        }
+        for step in trace.steps():
+            buckets = within(step, trace.named("gloo:all_reduce"))
+            assert 1 < len(buckets) < 10
+            assert sum(b["args"]["Input Dims"][0][0] for b in buckets) == all_params
+            backward_end = max(e["ts"] + e["dur"] for e in within(step, trace.backward()))
+            assert min(b["ts"] for b in buckets) < backward_end, "the first bucket starts during backward"
+
+
+@pytest.mark.slow
+def test_loader_delay_gives_data_loader_spans_of_at_least_the_delay(ddp_run: Path, pp_run: Path) -> None:
+    for trace in traces(ddp_run):
+        for step in trace.steps():
+            (loader,) = within(step, trace.named(LOADER_SPAN))
+            assert loader["dur"] >= 50_000  # µs; the dataset sleeps 50 ms per batch
+    for trace in traces(pp_run):
+        assert all(e["dur"] < 50_000 for e in trace.named(LOADER_SPAN))
+
+
+@pytest.mark.slow
+def test_slow_rank_works_longer_only_on_that_rank(ddp_run: Path) -> None:
+    from diag.example.gpt import SLOW_RANK_SPAN
+
+    for rank, files in by_rank(ddp_run).items():
+        for trace in files:
+            work = trace.named(SLOW_RANK_SPAN)
+            if rank == 1:
+                assert len(work) == 2 and all(e["dur"] >= 50_000 for e in work)
+                assert trace.inside(work, "aten::mm"), "real matmuls, not a sleep"
+            else:
+                assert work == []
+
+
+@pytest.mark.slow
+def test_full_recompute_runs_every_forward_gemm_again_in_backward(ddp_run: Path, pp_run: Path) -> None:
+    for trace in traces(ddp_run):
+        again = trace.inside(trace.backward(), "aten::addmm")
+        # 4 linear layers with bias per block × 4 blocks × 2 steps, each once more
+        assert len(again) == len(trace.named("aten::addmm")) // 2 == 32
+    for trace in traces(pp_run):
+        assert trace.inside(trace.backward(), "aten::addmm") == []
+
+
+@pytest.mark.slow
+def test_selective_recompute_runs_only_attention_again(pp_run: Path) -> None:
+    for trace in traces(pp_run):
+        attention = trace.named("aten::scaled_dot_product_attention")
+        again = trace.inside(trace.backward(), "aten::scaled_dot_product_attention")
+        # 2 blocks per stage × 4 microbatches, each once in forward and once in backward
+        assert len(again) == len(attention) // 2 == 8
+
+
+@pytest.mark.slow
+def test_pipeline_sends_activations_forward_and_gradients_back(pp_run: Path) -> None:
+    ranks = by_rank(pp_run)
+    first, last = ranks[0][0], ranks[1][0]
+    for trace in (first, last):
+        (step,) = trace.steps()
+        sends, recvs = within(step, trace.named("c10d::send")), within(step, trace.named("c10d::recv_"))
+        assert len(sends) == len(recvs) == 4  # one per microbatch each way
+        assert trace.named("c10d::allreduce_") == []  # one replica per stage: no gradient sync
+        # Microbatches of 2 sequences: the GEMMs have 2 × 64 rows.
+        assert {op["args"]["Input Dims"][1][0] for op in trace.named("aten::addmm")} == {128}
+    # GPipe: stage 0 sends every activation before it receives the first gradient; stage 1 the reverse.
+    assert max(e["ts"] for e in first.named("c10d::send")) < min(e["ts"] for e in first.named("c10d::recv_"))
+    assert max(e["ts"] for e in last.named("c10d::recv_")) < min(e["ts"] for e in last.named("c10d::send"))
+    assert first.named("gloo:send") and last.named("gloo:recv")
+    assert tomllib.loads((pp_run / MODEL_FILE).read_text())["model"]["tokens_per_step"] == 8 * 64
+
+
+@pytest.mark.slow
+def test_no_overlap_all_reduces_each_gradient_after_backward(no_overlap_run: Path) -> None:
+    _, all_params = _parameters(ExampleConfig())
+    for trace in traces(no_overlap_run):
+        (step,) = trace.steps()
+        reduces = within(step, trace.named("gloo:all_reduce"))
+        assert len(reduces) == 53  # every parameter tensor on its own
+        assert sum(r["args"]["Input Dims"][0][0] for r in reduces) == all_params
+        backward_end = max(e["ts"] + e["dur"] for e in within(step, trace.backward()))
+        assert min(e["ts"] for e in within(step, trace.named("c10d::allreduce_"))) >= backward_end
+        assert trace.named("DistributedDataParallel.forward") == []
+
+
+@pytest.mark.slow
+def test_flight_recorder_dump_lies_beside_the_traces(ddp_run: Path) -> None:
+    for rank in (0, 1):
+        dump = pickle.loads((ddp_run / f"{FLIGHT_RECORDER_PREFIX}{rank}").read_bytes())
+        reduces = [e for e in dump["entries"] if e["profiling_name"] == "gloo:all_reduce"]
+        assert reduces
+        seqs = [e["collective_seq_id"] for e in reduces]
+        assert seqs == sorted(seqs)
+
+
+TRAIN_SCRIPT = """\
+import torch
+
+torch.set_num_threads(1)
+model = torch.nn.Linear(32, 32)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+# A scheduler wraps optimizer.step on the instance; the ProfilerStep must still follow each step.
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+for _ in range(6):
+    model(torch.randn(16, 32)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    scheduler.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def wrapped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("wrapped")
+    script = root / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    assert run_capture([sys.executable, str(script)], root / "out", active=2) == 0
+    yield root / "out"
+
+
+@pytest.mark.slow
+def test_the_wrapper_makes_each_optimizer_step_a_profiler_step(wrapped_run: Path) -> None:
+    (trace,) = traces(wrapped_run)
+    steps = trace.steps()
+    assert [s["name"] for s in steps] == ["ProfilerStep#2", "ProfilerStep#3"]
+    optimizer_steps = trace.named("Optimizer.step#SGD.step")
+    assert len(optimizer_steps) == 2
+    # Each optimizer step ends inside its own ProfilerStep: the boundary comes after it.
+    for step, opt in zip(steps, optimizer_steps, strict=True):
+        assert step["ts"] <= opt["ts"] and opt["ts"] + opt["dur"] <= step["ts"] + step["dur"]
+    assert "distributedInfo" not in trace.doc  # a single process, no torch.distributed
