@@ -78,9 +78,9 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
     ).fetchall()
     by_corr = {a[4]: a for a in args if a[0] == "kernel" and a[4] is not None}
     by_tid: dict[int, list[tuple]] = defaultdict(list)  # type: ignore[type-arg]
-    for a in args:
-        if a[0] == "cpu_op":
-            by_tid[a[1]].append(a)
+    for row in args:
+        if row[0] == "cpu_op":
+            by_tid[row[1]].append(row)
     calls = []
     for i in comm:
         a = by_corr.get(tl.correlation[i]) or _enclosing(by_tid, tl.launch_tid[i], tl.launch_ts_ns[i])

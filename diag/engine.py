@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import duckdb
 
-from diag import hardware, model as model_mod, store
+from diag import hardware, store
+from diag import model as model_mod
 from diag.analysis import Finding, Peak, RunContext, StepContext
 from diag.collectives import calls_of, clock_offsets, collective_rows, match, wait_intervals
 from diag.errors import BadInput
@@ -127,12 +128,13 @@ _TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm", re.I
 
 def _gemm_dtype(timelines: list[RankTimeline]) -> str | None:
     """The dtype most GEMM FLOPs ran in: fp32 tensors on TF32 tensor-core kernels count as tf32."""
-    weight: Counter[str] = Counter()
+    weight: dict[str, float] = defaultdict(float)  # dtype → FLOPs
     for tl in timelines:
         for i, (f, d) in enumerate(zip(tl.flops, tl.dtype, strict=True)):
             if d and f > 0:
-                weight["tf32" if d == "fp32" and _TF32_KERNEL.search(tl.name[i] or "") else d] += float(f)
-    return weight.most_common(1)[0][0] if weight else None
+                key = "tf32" if d == "fp32" and _TF32_KERNEL.search(tl.name[i] or "") else d
+                weight[key] += float(f)
+    return max(weight, key=lambda d: weight[d]) if weight else None
 
 
 def _model_flops(

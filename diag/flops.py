@@ -219,16 +219,16 @@ def _attention(
     q, k, v = (args.tensor(first + i) for i in range(3))
     if q is None or k is None or v is None or len(q) != len(k) or len(q) != len(v) or len(q) < 3:
         return None
+    seqs = args.tensor(cu_seqlens, 1) if cu_seqlens is not None else None
     if heads_second:
         batch, seq_q, e, seq_k, ev = math.prod(q[:-2]), q[-2], q[-1], k[-2], v[-1]
         consistent = k[-1] == e and v[-2] == seq_k
     else:
-        # (B, L, H, E); packed varlen drops or fixes B at 1: (T, H, E) / (1, T, H, E).
+        # (B, L, H, E); packed varlen, and only it, drops B: (T, H, E), or fixes it at 1.
         batch, seq_q, e, seq_k, ev = math.prod(q[:-3]) * q[-2], q[-3], q[-1], k[-3], v[-1]
-        consistent = k[-1] == e and v[-3] == seq_k
+        consistent = k[-1] == e and v[-3] == seq_k and (len(q) == 4 or seqs is not None)
     if not consistent:
         return None
-    seqs = args.tensor(cu_seqlens, 1) if cu_seqlens is not None else None
     per_seq = 1.0
     if seqs is not None and seqs[0] > 1:
         per_seq = 1.0 / (seqs[0] - 1)  # n sequences of T/n: sum L_i*S_i = T*S/n

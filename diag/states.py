@@ -165,10 +165,7 @@ def exposed_comm_ns(tl: RankTimeline) -> dict[int, int]:
 
     idx = np.nonzero(comm)[0]
     s, e = tl.ts_ns[idx], tl.end_ns[idx]
-    if len(cs) == 0:
-        overlap = np.zeros(len(idx), np.int64)
-    else:
-        overlap = coverage(e) - coverage(s)
+    overlap = coverage(e) - coverage(s) if len(cs) else np.zeros(len(idx), np.int64)
     return {int(i): int(v) for i, v in zip(idx, (e - s) - overlap, strict=True)}
 
 

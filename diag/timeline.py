@@ -90,7 +90,6 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     phases = assign_phases(ops["tid"], ops["ts"], ops["end"], ops["name"], ops["fwd_tid"])
     by_ext = {e: i for i, e in enumerate(ops["external_id"]) if e is not None}
 
-    n = len(acts["ts"])
     names = acts["name"]
     classes = {nm: kernels.classify(nm or "") for nm in set(names)}
     kclass = [
@@ -141,6 +140,7 @@ def innermost_ops(
     cur: int | None = None
     for qi in order:
         qt, qs = q_tid[qi], q_ts[qi]
+        assert qt is not None and qs is not None
         if qt != cur:
             cur, stack = qt, []
             j = _first_of_tid(tid, qt)
@@ -317,7 +317,7 @@ def _tensor_bytes(dims_text: str | None, types_text: str | None) -> float | None
     except ValueError:
         return None
     sizes = []
-    for d, t in zip(dims, types):
+    for d, t in zip(dims, types, strict=False):  # malformed records: take what pairs up
         size = _ELEM_BYTES.get(t) if isinstance(t, str) else None
         if size and isinstance(d, list) and d and all(isinstance(x, int) for x in d):
             sizes.append(float(np.prod(d)) * size)

@@ -20,7 +20,7 @@ class Params:
     top_groups: int = 12
 
 
-class ExposedCollectives(Rule):
+class ExposedCollectives(Rule[Params]):
     """Communication the compute does not hide.
 
     What it finds: time the GPU runs only communication kernels — no compute beside them —

@@ -16,7 +16,7 @@ class Params:
     min_fraction: float = 0.005
 
 
-class PipelineBubble(Rule):
+class PipelineBubble(Rule[Params]):
     """Pipeline stages idle while they fill and drain.
 
     What it finds: time a pipeline stage's GPU spends with only point-to-point (send/recv)
@@ -49,7 +49,7 @@ class PipelineBubble(Rule):
         ideal = (p - 1) / (m + p - 1) if p and m else None
         ranks, steps = run.involved("pipeline_bubble", self.params.min_fraction)
         detail = {"measured_fraction": frac, "stages_p": p, "microbatches_m": m, "ideal_fraction": ideal}
-        if ideal is not None:
+        if ideal is not None and p is not None and m is not None:
             gain_m = (p - 1) / (2 * m + p - 1)
             summary = (f"pipeline bubble {frac:.1%} of the step; p={p}, m={m}: the schedule's ideal is "
                        f"(p-1)/(m+p-1) = {ideal:.1%}; doubling m would make it {gain_m:.1%}")

@@ -24,7 +24,7 @@ def is_thin(mnk: tuple[int, int, int] | None, min_dim: int) -> bool:
     return mnk is not None and min(mnk) < min_dim
 
 
-class ThinGemms(Rule):
+class ThinGemms(Rule[Params]):
     """GEMMs with a dimension too small to fill the tensor cores.
 
     What it finds: GEMM kernels whose M, N or K is below `min_dim` (from the op's recorded
@@ -76,25 +76,22 @@ class ThinGemms(Rule):
                 else:
                     healthy.append(rate)
         possible = statistics.median(healthy) if healthy else run.peak.tflops
-        rows = []
-        for mnk, vals in shapes.items():
-            rows.append({
-                "m": mnk[0], "n": mnk[1], "k": mnk[2], "count": len(vals),
-                "time_ms": sum(d for _, d in vals) * 1e3,
-                "achieved_tflops": statistics.median(r for r, _ in vals), "possible_tflops": possible,
-            })
-        rows.sort(key=lambda r: -float(r["time_ms"]))
-        top = rows[: self.params.top_shapes]
+        worst = sorted(shapes, key=lambda s: -sum(d for _, d in shapes[s]))[: self.params.top_shapes]
+        rows = [{
+            "m": s[0], "n": s[1], "k": s[2], "count": len(shapes[s]), "time_ms": sum(d for _, d in shapes[s]) * 1e3,
+            "achieved_tflops": statistics.median(r for r, _ in shapes[s]), "possible_tflops": possible,
+        } for s in worst]
         ranks, steps = run.involved("thin_gemm", 0.0)
-        t = top[0] if top else None
         summary = f"thin GEMMs lose {frac:.1%} of the step"
-        if t:
-            summary += (f"; worst shape M={t['m']} N={t['n']} K={t['k']} reaches {t['achieved_tflops']:.0f} "
-                        f"TFLOP/s where this run's other GEMMs reach {possible:.0f}" if possible else "")
+        if worst and possible:
+            m, n, k = worst[0]
+            achieved = statistics.median(r for r, _ in shapes[worst[0]])
+            summary += (f"; worst shape M={m} N={n} K={k} reaches {achieved:.0f} TFLOP/s where this run's "
+                        f"other GEMMs reach {possible:.0f}")
         advice = ("keep every GEMM dimension >= 128 per GPU: lower --tensor-model-parallel-size, raise the "
                   "micro-batch size, pad hidden/vocab to multiples of 128, fuse small projections")
-        ev = [e for r in top for e in evidence[(int(r["m"]), int(r["n"]), int(r["k"]))][:3]]
+        ev = [e for s in worst for e in evidence[s][:3]]
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("thin_gemm"), ranks, steps,
-            ev, advice, summary, run.what_if(frac), {"shapes": top, "min_dim": self.params.min_dim},
+            ev, advice, summary, run.what_if(frac), {"shapes": rows, "min_dim": self.params.min_dim},
         )]

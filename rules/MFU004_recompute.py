@@ -17,7 +17,7 @@ class Params:
     full_ratio: float = 0.8
 
 
-class Recompute(Rule):
+class Recompute(Rule[Params]):
     """Forward work executed twice by activation checkpointing.
 
     What it finds: forward ops (matmuls, attention) run again inside the backward pass, their

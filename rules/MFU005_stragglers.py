@@ -15,7 +15,7 @@ class Params:
     min_fraction: float = 0.01
 
 
-class Stragglers(Rule):
+class Stragglers(Rule[Params]):
     """Ranks that arrive late at collectives, and everyone who waits for them.
 
     What it finds: for each collective instance (matched across ranks by process group and

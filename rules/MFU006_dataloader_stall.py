@@ -17,7 +17,7 @@ class Params:
     min_fraction: float = 0.01
 
 
-class DataloaderStall(Rule):
+class DataloaderStall(Rule[Params]):
     """The GPU idle while the host waits for the next batch.
 
     What it finds: GPU idle time during which the host's main thread is inside the data loader

@@ -15,7 +15,7 @@ class Params:
     tolerance: float = 0.005
 
 
-class SparsePeak(Rule):
+class SparsePeak(Rule[Params]):
     """A "with sparsity" peak in the MFU denominator.
 
     What it finds: a peak (`--peak-tflops`, or the figure a dashboard used) equal to a part's

@@ -18,7 +18,7 @@ class Params:
     top_kernels: int = 10
 
 
-class KernelInefficiency(Rule):
+class KernelInefficiency(Rule[Params]):
     """Non-matmul kernels far below the memory roofline.
 
     What it finds: norm, elementwise, reduction and optimizer kernels whose bytes moved (from
@@ -66,16 +66,18 @@ class KernelInefficiency(Rule):
         frac = sum(lost / windows[k] for k, lost in lost_by_step.items() if windows.get(k)) / n
         if frac < self.params.min_fraction:
             return []
-        rows = sorted(({"kernel": k, "count": int(v[0]), "time_ms": v[1] * 1e3, "lost_ms": v[2] * 1e3}
-                       for k, v in by_name.items()), key=lambda r: -float(r["lost_ms"]))[: self.params.top_kernels]
-        ranks = sorted({tl.rank for tl in run.timelines if any((tl.file_id, s) in lost_by_step for s in range(len(tl.steps.step)))})
+        worst = sorted(by_name, key=lambda k: -by_name[k][2])[: self.params.top_kernels]
+        rows = [{"kernel": k, "count": int(by_name[k][0]), "time_ms": by_name[k][1] * 1e3, "lost_ms": by_name[k][2] * 1e3}
+                for k in worst]
+        files = {fid for fid, _ in lost_by_step}
+        ranks = sorted({tl.rank for tl in run.timelines if tl.file_id in files})
         summary = (f"non-matmul kernels below {self.params.min_bw_fraction:.0%} of HBM bandwidth waste {frac:.1%} "
-                   f"of the step; worst: {str(rows[0]['kernel'])[:80]}")
+                   f"of the step; worst: {worst[0][:80]}")
         advice = ("fuse memory-bound kernels: torch.compile, fused RMSNorm/LayerNorm, fused or foreach AdamW, "
                   "Transformer Engine/Apex kernels; avoid many tiny launches")
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, frac * _mean_window(run), ranks, [],
-            [e for r in rows for e in evidence[str(r["kernel"])][:3]], advice, summary, run.what_if(frac),
+            [e for k in worst for e in evidence[k][:3]], advice, summary, run.what_if(frac),
             {"kernels": rows, "hbm_gbps": hbm},
         )]
 

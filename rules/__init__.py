@@ -1,5 +1,7 @@
 """The rules, one file and one class each. The registry is this explicit tuple, in code order."""
 
+from typing import Any
+
 from rules.base import Rule
 from rules.MFU001_exposed_collectives import ExposedCollectives
 from rules.MFU002_pipeline_bubble import PipelineBubble
@@ -10,7 +12,7 @@ from rules.MFU006_dataloader_stall import DataloaderStall
 from rules.MFU007_sparse_peak import SparsePeak
 from rules.MFU008_kernel_inefficiency import KernelInefficiency
 
-RULES: tuple[type[Rule], ...] = (
+RULES: tuple[type[Rule[Any]], ...] = (
     ExposedCollectives,
     PipelineBubble,
     ThinGemms,

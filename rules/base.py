@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar, cast
 
 from diag.analysis import Finding, RunContext, StepContext
 from diag.ledger import StepLedger
@@ -14,15 +14,18 @@ class NoParams:
     pass
 
 
-class Rule:
+P = TypeVar("P")
+
+
+class Rule(Generic[P]):
     code: ClassVar[str]
     slug: ClassVar[str]
     bucket: ClassVar[str | None]          # the ledger bucket it claims (None: not a time bucket)
     claim_order: ClassVar[int] = 100      # lower claims first; residual-style claims go last
     Params: ClassVar[type] = NoParams
 
-    def __init__(self, params: object | None = None) -> None:
-        self.params = params if params is not None else self.Params()
+    def __init__(self, params: P | None = None) -> None:
+        self.params: P = params if params is not None else cast(P, self.Params())
 
     def claim(self, ctx: StepContext, ledger: StepLedger) -> None:
         """Claim this rule's part of one rank-step (default: nothing)."""

@@ -42,3 +42,10 @@ def run_diag(*args: str, cwd: Path | None = None, env: dict[str, str] | None = N
         [sys.executable, "-m", "diag.cli", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
         timeout=timeout,
     )
+
+
+def one(con: Any, sql: str, params: Any = ()) -> tuple[Any, ...]:
+    """The single row a query must return."""
+    row = con.execute(sql, params).fetchone()
+    assert row is not None, sql
+    return tuple(row)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from helpers import run_diag
+from helpers import one, run_diag
 
 EVENTS = [
     {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 1000.5 + i * 10, "dur": 5,
@@ -34,8 +34,8 @@ def one_line_naming(stderr: str, f: Path) -> bool:
 
 def rows(tmp_path: Path) -> tuple[int, bool | None]:
     con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
-    n = con.execute("SELECT count(*) FROM cpu_ops").fetchone()[0]
-    part = con.execute("SELECT any_value(partial) FROM trace_files").fetchone()[0]
+    n = one(con, "SELECT count(*) FROM cpu_ops")[0]
+    part = one(con, "SELECT any_value(partial) FROM trace_files")[0]
     con.close()
     return n, part
 
@@ -98,7 +98,7 @@ def test_huge_integers_stay_exact(tmp_path: Path) -> None:
     code, err = ingest(tmp_path, f)
     assert code == 0, err
     con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
-    assert con.execute("SELECT flow_id FROM flows").fetchone()[0] == str(big)
+    assert one(con, "SELECT flow_id FROM flows")[0] == str(big)
     con.close()
 
 

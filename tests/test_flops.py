@@ -379,7 +379,7 @@ def test_never_raises_on_arbitrary_input() -> None:
             return rng.choice(atoms)
         return [junk(depth + 1) for _ in range(rng.randint(0, 5))]
 
-    for _ in range(3000):
+    for _ in range(200):
         for name in _HANDLERS:
             dims = [junk() for _ in range(rng.randint(0, 12))]
             types = [rng.choice(["float", "c10::BFloat16", "", None, 3]) for _ in range(rng.randint(0, 12))]

@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from helpers import kineto_traces, load_json, run_diag, shared_traces
+from helpers import kineto_traces, load_json, one, run_diag, shared_traces
 
 from diag import store
 from diag.ingest.kineto import EVENT_TABLES, parse_pg_ranks
@@ -78,9 +78,9 @@ def test_every_real_trace_ingests_with_exact_counts(ingested: Stores) -> None:
     for path, (con, fid) in ingested.items():
         doc = load_json(Path(path))
         want = independent_counts(doc)
-        got = {t: con.execute(f"SELECT count(*) FROM {t} WHERE file_id = ?", [fid]).fetchone()[0] for t in EVENT_TABLES}
+        got = {t: one(con, f"SELECT count(*) FROM {t} WHERE file_id = ?", [fid])[0] for t in EVENT_TABLES}
         assert {t: n for t, n in got.items() if n} == {t: n for t, n in want.items() if n}, path
-        n_events = con.execute("SELECT n_events FROM trace_files WHERE file_id = ?", [fid]).fetchone()[0]
+        n_events = one(con, "SELECT n_events FROM trace_files WHERE file_id = ?", [fid])[0]
         assert sum(got.values()) == n_events == len(doc["traceEvents"]), path
 
 
@@ -156,7 +156,7 @@ def test_reingest_adds_zero_rows(tmp_path: Path) -> None:
 
     def total() -> int:
         con = duckdb.connect(str(db), read_only=True)
-        n = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in (*EVENT_TABLES, "trace_files"))
+        n = sum(one(con, f"SELECT count(*) FROM {t}")[0] for t in (*EVENT_TABLES, "trace_files"))
         con.close()
         return n
 

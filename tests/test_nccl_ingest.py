@@ -116,6 +116,7 @@ KINETO_HEAD = (
         (PROFILER.read_bytes(), "nccl_profiler"),
         (b"[\n{}]\n", "nccl_profiler"),  # a plugin dump with no events
         (KINETO_HEAD, None),  # carries "pg_config" too
+        (b'[{"name": "gemm", "cat": "GPU", "ph": "X", "ts": 1, "dur": 2}]', None),  # another Chrome trace
         (pickle.dumps([1, 2, 3], protocol=2), None),
         (b"", None),
     ],

@@ -187,7 +187,7 @@ class Trainer:
             # About four buckets even for the tiny default model (DDP's 25 MiB would make one).
             bucket_cap_mb = min(25.0, model_mb / 4)
             self.ddp = DistributedDataParallel(stage, bucket_cap_mb=bucket_cap_mb)  # type: ignore[arg-type]
-        self.optimizer = torch.optim.AdamW(self.params, lr=3e-4)
+        self.optimizer = torch.optim.AdamW(self.params, lr=3e-4, foreach=True)
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step(self, batch: torch.Tensor) -> None:

@@ -12,7 +12,6 @@ cuda_driver, kernel, gpu_memcpy, gpu_memset, gpu_user_annotation, ac2g flows) an
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -358,8 +357,8 @@ def _gpu_columns(evs: list[_Event], args: list[_Args]) -> dict[str, Any]:
     # only in pid/tid.
     return {
         **_common(evs, args),
-        "device": [a.device if a.device is not None else _int_or_none(e.pid) for e, a in zip(evs, args)],
-        "stream": [a.stream if a.stream is not None else _int_or_none(e.tid) for e, a in zip(evs, args)],
+        "device": [a.device if a.device is not None else _int_or_none(e.pid) for e, a in zip(evs, args, strict=True)],
+        "stream": [a.stream if a.stream is not None else _int_or_none(e.tid) for e, a in zip(evs, args, strict=True)],
         "correlation": [a.correlation for a in args],
     }
 
@@ -384,7 +383,7 @@ def _table(name: str, cols: dict[str, Any]) -> pa.Table:
 
 def _collective_rows(source: str, evs: list[_Event], args: list[_Args]) -> dict[str, list[Any]]:
     rows: dict[str, list[Any]] = {f.name: [] for f in SCHEMAS["collective_args"]}
-    for e, a in zip(evs, args):
+    for e, a in zip(evs, args, strict=True):
         if a.collective is None:
             continue
         ranks, truncated = parse_pg_ranks(_raw_str(a.pg_ranks), a.group_size, a.rank_start, a.rank_stride)

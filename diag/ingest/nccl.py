@@ -157,13 +157,13 @@ def _is_flight_recorder_json(head: bytes) -> bool:
 
 # Every Inspector line is {"header":{..},"metadata":{..},"coll_perf":{..}} (inspector.cc, inspectorCommInfoDump).
 _INSPECTOR_HEAD = re.compile(rb'\s*\{\s*"(?:header|metadata|coll_perf)"\s*:')
-# The example profiler writes "[\n", then {"name": .., "cat": <category>, "ph": .. per event, then "{}]\n"
-# (ext-profiler/example plugin.cc exampleProfilerFinalize, print_event.cc).
+# The example profiler writes "[\n", then {"name": .., "cat": <category>, "ph": "b", .. per event (headers
+# first), then "{}]\n" (ext-profiler/example plugin.cc exampleProfilerFinalize, print_event.cc).
 _PROFILER_CATEGORIES = rb"GROUP_API|COLL_API|P2P_API|KERNEL_LAUNCH|GROUP|COLL|P2P|PROXY|NET|NET_IB|NET_SOCK|GPU|CE_COLL|CE_SYNC|CE_BATCH"
 _PROFILER_HEAD = re.compile(
     rb'\s*\[\s*(?:\{\s*"name"\s*:\s*"[^"]*"\s*,\s*"cat"\s*:\s*"(?:'
     + _PROFILER_CATEGORIES
-    + rb')"|\{\}\]\s*$)'
+    + rb')"\s*,\s*"ph"\s*:\s*"b"|\{\}\]\s*$)'
 )
 
 
