@@ -94,7 +94,7 @@ class Capture:
     def step(self) -> None:
         with warnings.catch_warnings():
             # One file per cycle is what diag wants; torch warns that cycles do not accumulate.
-            warnings.filterwarnings("ignore", message="Profiler clears events at the end of each cycle")
+            warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
             self._profiler.step()
 
 
@@ -450,11 +450,14 @@ def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--active", type=int, default=3, help="steps recorded per cycle (one file per rank)")
     parser.add_argument("--repeat", type=int, default=1, help="cycles (0: until the run ends)")
     parser.add_argument("--model", type=Path, help="a model.toml ([model] params, layers, ...) to put beside the traces")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ... (or torchrun ...)")
+    # Not `command`: diag's own parser keeps the subcommand's name there.
+    parser.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="python train.py ... (or torchrun ...)"
+    )
 
 
 def run_capture_command(args: argparse.Namespace) -> int:
-    command = list(args.command)
+    command = list(args.argv)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:

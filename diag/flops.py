@@ -112,7 +112,9 @@ def _sum_bytes(*parts: float | None) -> float | None:
     return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
 
 
-def _gemm(args: _Args, m: int, n: int, k: int, batch: int, reads: Sequence[int], out_bytes_from: int = 0) -> OpFlops:
+def _gemm(
+    args: _Args, m: int, n: int, k: int, batch: int, reads: Sequence[int], out_bytes_from: int = 0
+) -> OpFlops:
     """A (batched) GEMM: reads the tensor arguments `reads`, writes batch*m*n elements."""
     out_size = args.element_bytes(out_bytes_from)
     written = None if out_size is None else out_size * batch * m * n
@@ -150,7 +152,9 @@ def _mv(args: _Args, mat: int, vec: int, extra_reads: tuple[int, ...] = ()) -> O
 def _broadcast(a: Shape, b: Shape) -> Shape | None:
     """numpy broadcasting of two batch shapes."""
     out = []
-    for x, y in zip(reversed((1,) * (len(b) - len(a)) + a), reversed((1,) * (len(a) - len(b)) + b), strict=True):
+    for x, y in zip(
+        reversed((1,) * (len(b) - len(a)) + a), reversed((1,) * (len(a) - len(b)) + b), strict=True
+    ):
         if x != y and 1 not in (x, y):
             return None
         out.append(max(x, y))
@@ -237,7 +241,9 @@ def _attention(
     out = (*q[:-1], ev)
     # Forward reads q, k, v and writes out; backward reads q, k, v, out, grad_out and writes
     # dq, dk, dv: twice the forward's traffic.
-    moved = _sum_bytes(args.nbytes(first), args.nbytes(first + 1), args.nbytes(first + 2), args.nbytes(first, out))
+    moved = _sum_bytes(
+        args.nbytes(first), args.nbytes(first + 1), args.nbytes(first + 2), args.nbytes(first, out)
+    )
     return OpFlops(
         flops=flops,
         kind="attention",
@@ -334,7 +340,8 @@ def _conv_backward(args: _Args) -> OpFlops | None:
 
     Each gradient asked for costs the forward's FLOPs. The forward's output shape is grad_output's,
     so no stride is needed. Without Concrete Inputs: not transposed, and both grad_input and
-    grad_weight (the first layer, which skips grad_input, is then counted 1.5x)."""
+    grad_weight are assumed (a first layer, which needs no grad_input, is then over-counted by one
+    forward)."""
     grad_out, x, w = args.tensor(0), args.tensor(1), args.tensor(2)
     if grad_out is None or x is None or w is None or not len(grad_out) == len(x) == len(w) >= 3:
         return None
@@ -424,6 +431,9 @@ _CONV_LAYOUTS = {
     "cudnn_convolution_transpose": _ConvLayout(None, None, None, True),
 }
 _HANDLERS.update({name: partial(_conv, layout=layout) for name, layout in _CONV_LAYOUTS.items()})
+
+# Every op op_flops knows (their in-place variants, aten::addmm_ ..., count too).
+SUPPORTED_OPS: frozenset[str] = frozenset(f"aten::{name}" for name in _HANDLERS)
 
 
 def op_flops(

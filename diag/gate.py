@@ -307,12 +307,17 @@ class GateResult:
     notes: tuple[str, ...]
 
     @property
+    def checks(self) -> tuple[MetricCheck | RuleCheck, ...]:
+        every: tuple[MetricCheck | RuleCheck, ...] = (*self.metrics, *self.rules)
+        return every
+
+    @property
     def failures(self) -> tuple[MetricCheck | RuleCheck, ...]:
-        return tuple(c for c in (*self.metrics, *self.rules) if c.verdict == "fail")
+        return tuple(c for c in self.checks if c.verdict == "fail")
 
     @property
     def noise(self) -> tuple[MetricCheck | RuleCheck, ...]:
-        return tuple(c for c in (*self.metrics, *self.rules) if c.verdict == "noise")
+        return tuple(c for c in self.checks if c.verdict == "noise")
 
     @property
     def failed(self) -> bool:
@@ -385,7 +390,7 @@ def _rule(code: str, slug: str, b: ReportView, c: ReportView, fail_at: str | Non
         assert cf is not None
         growth = (cf.lost_fraction - (bf.lost_fraction if bf else 0.0)) * 100
         verdict = "noise" if noise is not None and growth <= noise else "fail"
-    return RuleCheck(code, slug or (cf.slug if cf else ""), b_sev, c_sev,
+    return RuleCheck(code, slug, b_sev, c_sev,
                      None if cf is None else cf.lost_fraction * 100, growth, fail_at, noise, verdict,
                      cf.summary if cf else "", cf.advice if cf else "")
 

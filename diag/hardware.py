@@ -71,7 +71,15 @@ _HOPPER_SXM = {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "int8": 1979.0, "tf3
 
 # Hopper at NVL (PCIe card, 350-400 W) clocks. With sparsity: TF32 835, BF16/FP16 1,671,
 # FP8/INT8 3,341; FP32 60; FP64 TC 60. Dense halves: DESIGN.md fixes H100 NVL bf16 835.
-_HOPPER_NVL = {"bf16": 835.0, "fp16": 835.0, "fp8": 1671.0, "int8": 1671.0, "tf32": 417.5, "fp32": 60.0, "fp64": 60.0}
+_HOPPER_NVL = {
+    "bf16": 835.0,
+    "fp16": 835.0,
+    "fp8": 1671.0,
+    "int8": 1671.0,
+    "tf32": 417.5,
+    "fp32": 60.0,
+    "fp64": 60.0,
+}
 
 # Ampere A100 (SXM and PCIe, 40 and 80 GB: same clocks). Datasheet dense | sparse:
 # TF32 156 | 312, BF16/FP16 312 | 624, INT8 624 | 1,248 TOPS; FP32 19.5; FP64 TC 19.5. No FP8.
@@ -97,7 +105,15 @@ _PART_LIST = (
         nvlink_gbps=300,  # NVLink bridge between a pair: 600 GB/s bidirectional
         # With sparsity: TF32 756, BF16/FP16 1,513, FP8/INT8 3,026; FP32 51; FP64 TC 51.
         # DESIGN.md fixes bf16 756.
-        dense_tflops={"bf16": 756.0, "fp16": 756.0, "fp8": 1513.0, "int8": 1513.0, "tf32": 378.0, "fp32": 51.0, "fp64": 51.0},
+        dense_tflops={
+            "bf16": 756.0,
+            "fp16": 756.0,
+            "fp8": 1513.0,
+            "int8": 1513.0,
+            "tf32": 378.0,
+            "fp32": 51.0,
+            "fp64": 51.0,
+        },
         source=_H100_DATASHEET + ", H100 PCIe",
     ),
     _part(
@@ -254,7 +270,9 @@ def sparse_peak_tflops(part: Part, dtype: str) -> float | None:
     return 2.0 * part.dense_tflops[dtype]
 
 
-def sparse_peak_matches(tflops: float, tol: float = 0.005, dtype: str | None = None) -> list[tuple[Part, str]]:
+def sparse_peak_matches(
+    tflops: float, tol: float = 0.005, dtype: str | None = None
+) -> list[tuple[Part, str]]:
     """Parts and dtypes whose "with sparsity" peak equals `tflops` within `tol` (relative).
 
     The MFU007 check on a user-given `--peak-tflops`. Pass the run's `dtype` where known: 1979

@@ -57,7 +57,7 @@ def _p(kernel_class: KernelClass, regex: str, emitted_by: str, flags: int = 0) -
 
 
 _I = re.IGNORECASE
-G, A, C = KernelClass.GEMM, KernelClass.ATTENTION, KernelClass.COMM
+_G, _A, _C = KernelClass.GEMM, KernelClass.ATTENTION, KernelClass.COMM
 
 # Ordered: the first match wins. Communication first (nothing else is named nccl*), then the
 # event names, then attention before GEMM (CUTLASS-based attention kernels contain `cutlass`).
@@ -65,34 +65,58 @@ PATTERNS: tuple[KernelPattern, ...] = (
     # NCCL: ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem) (2.x to 2.18) and
     # ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>) (2.19+);
     # RCCL (AMD) keeps NCCL's names; MSCCL: mscclKernel_*.
-    _p(C, r"^(nccl|rccl|msccl)\w*Kernel", "NCCL / RCCL / MSCCL"),
-    _p(C, r"\b(one_shot|two_shot|multimem)_all_(reduce|gather)", "PyTorch symmetric memory (c10d)"),
-    _p(C, r"\bcross_device_reduce", "vLLM custom all-reduce"),
-    _p(C, r"\bdeep_ep::", "DeepEP (MoE all-to-all over NVSHMEM)"),
+    _p(_C, r"^(nccl|rccl|msccl)\w*Kernel", "NCCL / RCCL / MSCCL"),
+    _p(_C, r"\b(one_shot|two_shot|multimem)_all_(reduce|gather)", "PyTorch symmetric memory (c10d)"),
+    _p(_C, r"\bcross_device_reduce", "vLLM custom all-reduce"),
+    _p(_C, r"\bdeep_ep::", "DeepEP (MoE all-to-all over NVSHMEM)"),
     # Copy-engine events as Kineto names them (NVIDIA and ROCm spellings).
     _p(KernelClass.COPY, r"^(Memcpy|Copy(Host|Device)To)", "CUDA/HIP runtime memcpy event"),
     _p(KernelClass.MEMSET, r"^(Memset|FillBuffer)", "CUDA/HIP runtime memset event"),
+    # Inductor names its pointwise/reduction kernels after the ops they fuse: triton_poi_fused_addmm_relu_0
+    # is a GEMM's epilogue, triton_poi_fused__scaled_dot_product_efficient_attention_0 a layout copy.
+    _p(KernelClass.OTHER, r"^triton_(poi|red|per)_", "Inductor pointwise / reduction kernels"),
     # Attention.
-    _p(A, r"flash_fwd|flash_bwd|flash::|flash_attn|FlashAttn", "FlashAttention 2/3 (Dao-AILab, pytorch_flash)"),
-    _p(A, r"fmha", "PyTorch mem-efficient / xformers (fmha_cutlassF/B), CK and TensorRT fMHA"),
-    _p(A, r"sdpa", "cuDNN SDPA (cudnn_generated_fort_native_sdpa_*)"),
-    _p(A, r"efficient_attention|attention_kernel|AttentionKernel|AttentionBackwardKernel", "PyTorch mem-efficient attention"),
-    _p(A, r"^triton_tem_\w*(flex_attention|attention)", "Inductor flex-attention template"),
-    _p(A, r"^_attn_(fwd|bwd)", "Triton FlashAttention (ROCm, Triton tutorial)"),
+    _p(
+        _A,
+        r"flash_fwd|flash_bwd|flash::|flash_attn|FlashAttn",
+        "FlashAttention 2/3 (Dao-AILab, pytorch_flash)",
+    ),
+    _p(_A, r"fmha", "PyTorch mem-efficient / xformers (fmha_cutlassF/B), CK and TensorRT fMHA"),
+    _p(_A, r"sdpa", "cuDNN SDPA (cudnn_generated_fort_native_sdpa_*)"),
+    _p(
+        _A,
+        r"efficient_attention|attention_kernel|AttentionKernel|AttentionBackwardKernel",
+        "PyTorch mem-efficient attention",
+    ),
+    _p(_A, r"^triton_tem_\w*(flex_attention|attention)", "Inductor flex-attention template"),
+    _p(_A, r"^_attn_(fwd|bwd)", "Triton FlashAttention (ROCm, Triton tutorial)"),
     # GEMM. `(?<!fb)` keeps FBGEMM's embedding kernels (fbgemm_gpu::...) out: the library's
     # name is not a GEMM; its real GEMMs are CUTLASS kernels and match below.
-    _p(G, r"(?<!fb)gemm|gemv", "cuBLAS/cuBLASLt (ampere_sgemm_*, volta_h884gemm_*, gemmk1, gemmSN, gemv2T), CK", _I),
-    _p(G, r"\bnvjet_", "cuBLAS Hopper/Blackwell (nvjet_tst_*, nvjet_hsh_*)"),
-    _p(G, r"cutlass", "CUTLASS (cutlass::Kernel<...>, cutlass_cudnn_*)", _I),
-    _p(G, r"\bsm\d+_xmma|xmma_gemm", "cuBLAS/cuDNN xmma kernels (sm80_xmma_*, sm90_xmma_*)"),
-    _p(G, r"cublas|splitKreduce|^epilogue::impl::", "cuBLAS/cuBLASLt split-K reduction and epilogue"),
-    _p(G, r"^Cijk_", "Tensile / hipBLASLt (rocBLAS, AMD)"),
-    # Inductor templates only: a pointwise kernel named after its origin (triton_poi_fused_addmm_relu)
-    # is the GEMM's epilogue, not the GEMM.
-    _p(G, r"^triton_tem_\w*(mm|matmul|convolution)|(^|_)matmul_kernel", "Triton / Inductor matmul templates"),
-    _p(G, r"[shi]\d*cudnn|winograd|^fft2d_(r2c|c2r)|(dgrad|wgrad)\w*(engine|alg)|reduce_wgrad|implicit_convolve|cask_cudnn", "cuDNN convolution (scudnn, Winograd, FFT, dgrad/wgrad engines, cask offsets)"),
+    _p(
+        _G,
+        r"(?<!fb)gemm|gemv",
+        "cuBLAS/cuBLASLt (ampere_sgemm_*, volta_h884gemm_*, gemmk1, gemmSN, gemv2T), CK",
+        _I,
+    ),
+    _p(_G, r"\bnvjet_", "cuBLAS Hopper/Blackwell (nvjet_tst_*, nvjet_hsh_*)"),
+    _p(_G, r"cutlass", "CUTLASS (cutlass::Kernel<...>, cutlass_cudnn_*)", _I),
+    _p(_G, r"\bsm\d+_xmma|xmma_gemm", "cuBLAS/cuDNN xmma kernels (sm80_xmma_*, sm90_xmma_*)"),
+    _p(_G, r"cublas|splitKreduce|^epilogue::impl::", "cuBLAS/cuBLASLt split-K reduction and epilogue"),
+    _p(_G, r"^Cijk_", "Tensile / hipBLASLt (rocBLAS, AMD)"),
+    _p(
+        _G, r"^triton_tem_\w*(mm|matmul|convolution)|(^|_)matmul_kernel", "Triton / Inductor matmul templates"
+    ),
+    _p(
+        _G,
+        r"[shi]\d*cudnn|winograd|^fft2d_(r2c|c2r)|(dgrad|wgrad)\w*(engine|alg)|reduce_wgrad|implicit_convolve|cask_cudnn",
+        "cuDNN convolution (scudnn, Winograd, FFT, dgrad/wgrad engines, cask offsets)",
+    ),
     # Copies on SMs.
-    _p(KernelClass.COPY, r"direct_copy_kernel|CatArrayBatchedCopy|nchwToNhwc|nhwcToNchw", "PyTorch copy_/cat, cuDNN layout transforms"),
+    _p(
+        KernelClass.COPY,
+        r"direct_copy_kernel|CatArrayBatchedCopy|nchwToNhwc|nhwcToNchw",
+        "PyTorch copy_/cat, cuDNN layout transforms",
+    ),
     # Fill kernels: zero_() and fill_() are memsets done by an SM kernel.
     _p(KernelClass.MEMSET, r"FillFunctor", "PyTorch fill_/zero_"),
 )
@@ -161,7 +185,9 @@ def collective_of(kernel_name: str) -> str | None:
 
 
 # NCCL's algorithm and protocol names (src/device/generate.py: all_algos, all_protos).
-_ALGO_PROTO = re.compile(r"_(COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|TREE|RING|PAT)_(LL128|LL|SIMPLE)(?=_|$)")
+_ALGO_PROTO = re.compile(
+    r"_(COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|TREE|RING|PAT)_(LL128|LL|SIMPLE)(?=_|$)"
+)
 
 
 def nccl_algo_proto(name: str) -> tuple[str | None, str | None]:

@@ -3,7 +3,7 @@
     MFU = tokens/s x FLOPs/token / (GPUs x dense peak)         (DESIGN.md)
 
     diag mfu --params 70e9 --gpus 1024 --gpu h100-sxm --tokens-per-s 12000   -> MFU 0.498%
-    diag mfu --params 70e9 --gpus 1024 --gpu h100-sxm --mfu 0.40             -> 964,537 tokens/s
+    diag mfu --params 70e9 --gpus 1024 --gpu h100-sxm --mfu 0.40             -> 964,510 tokens/s
     diag mfu --tflops-per-gpu 400 --gpu h100-sxm                             -> MFU 40.4%
 
 FLOPs per token are 6N, plus 12*L*H*Q*T when --layers --heads --head-dim --seq-len are all
@@ -65,14 +65,13 @@ def solve_mfu(
         raise ValueError(f"peak_tflops must be positive, got {peak_tflops}")
     if tflops_per_gpu is not None:
         per_gpu = tflops_per_gpu
+    elif flops_per_token is None or gpus is None:
+        raise ValueError("tokens_per_s and mfu need flops_per_token and gpus")
+    elif tokens_per_s is not None:
+        per_gpu = tokens_per_s * flops_per_token / gpus / 1e12
     else:
-        if flops_per_token is None or gpus is None:
-            raise ValueError("tokens_per_s and mfu need flops_per_token and gpus")
-        per_gpu = (
-            tokens_per_s * flops_per_token / gpus / 1e12
-            if tokens_per_s is not None
-            else (mfu or 0.0) * peak_tflops
-        )
+        assert mfu is not None  # exactly one of the three was given
+        per_gpu = peak_tflops * mfu
     tokens = tokens_per_s
     if tokens is None and flops_per_token is not None and gpus is not None:
         tokens = per_gpu * 1e12 * gpus / flops_per_token
@@ -90,9 +89,13 @@ def add_mfu_arguments(parser: argparse.ArgumentParser) -> None:
     # Numbers are parsed in run_mfu, so that a bad one is a one-line BadInput (exit 2).
     model = parser.add_argument_group("model (FLOPs per token)")
     model.add_argument("--params", metavar="N", help="non-embedding parameters, e.g. 70e9 (FLOPs/token = 6N)")
-    model.add_argument("--model", metavar="PRESET|FILE.toml", help="llama3-8b|llama3-70b|llama3-405b or a [model] file")
+    model.add_argument(
+        "--model", metavar="PRESET|FILE.toml", help="llama3-8b|llama3-70b|llama3-405b or a [model] file"
+    )
     for flag in ("--layers", "--heads", "--head-dim", "--seq-len"):
-        model.add_argument(flag, metavar="INT", help="with the other three: adds the attention term 12*L*H*Q*T")
+        model.add_argument(
+            flag, metavar="INT", help="with the other three: adds the attention term 12*L*H*Q*T"
+        )
     hw = parser.add_argument_group("hardware")
     hw.add_argument("--gpus", metavar="INT", help="number of GPUs")
     hw.add_argument("--gpu", metavar="PART", help=f"one of {', '.join(sorted(hardware.PARTS))}")
@@ -219,7 +222,9 @@ def render_text(result: MfuResult, peak_source: str, model: ModelSpec | None) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="diag mfu", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="diag mfu", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
     add_mfu_arguments(parser)
     try:
         return run_mfu(parser.parse_args(argv))

@@ -104,14 +104,14 @@ _KNOWN_KEYS = frozenset({"params", *_INT_KEYS, "tokens_per_step", "name"})
 def load_model(arg: str) -> ModelSpec:
     """A preset name (llama3-8b, llama3-70b, llama3-405b) or the path of a TOML model file:
 
-        [model]
-        params = 1.2e9            # N, non-embedding
-        layers = 16
-        heads = 16
-        head_dim = 128
-        seq_len = 4096
-        tokens_per_step = 524288  # optional: global tokens per optimizer step
-        name = "my-1b"            # optional: defaults to the file's stem
+    [model]
+    params = 1.2e9            # N, non-embedding
+    layers = 16
+    heads = 16
+    head_dim = 128
+    seq_len = 4096
+    tokens_per_step = 524288  # optional: global tokens per optimizer step
+    name = "my-1b"            # optional: defaults to the file's stem
     """
     if arg in PRESETS:
         return PRESETS[arg]
@@ -131,10 +131,14 @@ def load_model(arg: str) -> ModelSpec:
 def _spec_from_table(where: str, table: dict[str, Any], default_name: str) -> ModelSpec:
     unknown = sorted(set(table) - _KNOWN_KEYS)
     if unknown:
-        raise BadInput(where, f"[model] has unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN_KEYS))}")
+        raise BadInput(
+            where, f"[model] has unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN_KEYS))}"
+        )
     for key in ("params", *_INT_KEYS):
         if key not in table:
-            raise BadInput(where, f"[model] is missing {key!r} (needs params, layers, heads, head_dim, seq_len)")
+            raise BadInput(
+                where, f"[model] is missing {key!r} (needs params, layers, heads, head_dim, seq_len)"
+            )
     params = _positive_number(where, "params", table["params"])
     ints = {key: _positive_int(where, key, table[key]) for key in _INT_KEYS}
     tokens = table.get("tokens_per_step")

@@ -64,6 +64,7 @@ class RankTimeline:
     launch_tid: list[int | None]
     external_id: list[int | None]
     op_name: list[str | None]
+    op_external_id: list[int | None]   # External id of the launching op: groups the kernels of one op
     phase: list[str]
     flops: npt.NDArray[np.float64]
     gemm_mnk: list[tuple[int, int, int] | None]
@@ -104,6 +105,7 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     op_idx = [by_ext.get(e) if e is not None and e in by_ext else enc
               for e, enc in zip(acts["ext"], enclosing, strict=True)]
     op_name = [ops["name"][i] if i is not None else None for i in op_idx]
+    op_ext = [ops["external_id"][i] if i is not None else None for i in op_idx]
     phase = [phases[i] if i is not None else "other" for i in op_idx]
 
     flops, mnk, dtype, nbytes, tflops = _kernel_flops(acts, kclass, op_idx, ops)
@@ -118,7 +120,7 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
         source=acts["source"], name=names, kclass=kclass, collective=collective, stream=acts["stream"],
         ts_ns=np.asarray(acts["ts"], np.int64), end_ns=np.asarray(acts["end"], np.int64),
         correlation=acts["correlation"], launch_ts_ns=acts["launch_ts"], launch_end_ns=acts["launch_end"],
-        launch_tid=acts["launch_tid"], external_id=acts["ext"], op_name=op_name, phase=phase,
+        launch_tid=acts["launch_tid"], external_id=acts["ext"], op_name=op_name, op_external_id=op_ext, phase=phase,
         flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops, step_of=step_of,
         dataloader_spans=(np.asarray([s for s, _ in dl], np.int64), np.asarray([e for _, e in dl], np.int64)),
     )

@@ -8,7 +8,9 @@ not diag's ingest.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import pickle
 import subprocess
 import sys
@@ -87,7 +89,9 @@ class Trace:
         return [e for e in self.spans if e["name"].startswith(BACKWARD_PREFIX)]
 
 
+@functools.cache
 def traces(out: Path) -> list[Trace]:
+    """The run's traces, parsed once for all the tests that read them."""
     return [Trace(p, json.loads(p.read_text())) for p in sorted(out.glob("*.pt.trace.json"))]
 
 
@@ -197,12 +201,10 @@ def test_the_capture_command_needs_a_command(tmp_path: Path, capsys: pytest.Capt
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """DDP, with a slow loader, a slow rank 1 and full recomputation; two cycles of two steps."""
+    """DDP, with a slow loader, a slow rank 1 and full recomputation; two cycles of one step."""
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("ddp")
-    return run_example(
-        out, nproc=2, steps=8, active=2, repeat=2, loader_delay_ms=50, slow_rank=1, recompute="full"
-    )
+    return run_example(out, nproc=2, steps=6, active=1, repeat=2, loader_delay_ms=50, slow_rank=1, recompute="full")
 
 
 @pytest.fixture(scope="module")
@@ -244,11 +246,8 @@ def test_one_trace_per_rank_per_cycle_with_distributed_info(ddp_run: Path) -> No
             # tensorboard_trace_handler's `{hostname}_{pid}.{time_ns}.pt.trace.json`
             worker, time_ns, *_ = trace.path.name.split(".")
             assert worker.rsplit("_", 1)[1].isdigit() and time_ns.isdigit()
-        # wait 1, warm-up 1, active 2, twice: steps 2-3, then 6-7
-        assert [[s["name"] for s in t.steps()] for t in files] == [
-            ["ProfilerStep#2", "ProfilerStep#3"],
-            ["ProfilerStep#6", "ProfilerStep#7"],
-        ]
+        # wait 1, warm-up 1, active 1, twice: step 2, then step 5
+        assert [[s["name"] for s in t.steps()] for t in files] == [["ProfilerStep#2"], ["ProfilerStep#5"]]
 
 
 @pytest.mark.slow
@@ -290,7 +289,7 @@ def test_ddp_gradient_all_reduce_is_bucketed_and_overlaps_backward(ddp_run: Path
         for step in trace.steps():
             buckets = within(step, trace.named("gloo:all_reduce"))
             assert 1 < len(buckets) < 10
-            assert sum(b["args"]["Input Dims"][0][0] for b in buckets) == all_params
+            assert sum(math.prod(b["args"]["Input Dims"][0]) for b in buckets) == all_params
             backward_end = max(e["ts"] + e["dur"] for e in within(step, trace.backward()))
             assert min(b["ts"] for b in buckets) < backward_end, "the first bucket starts during backward"
 
@@ -313,7 +312,7 @@ def test_slow_rank_works_longer_only_on_that_rank(ddp_run: Path) -> None:
         for trace in files:
             work = trace.named(SLOW_RANK_SPAN)
             if rank == 1:
-                assert len(work) == 2 and all(e["dur"] >= 50_000 for e in work)
+                assert len(work) == 1 and work[0]["dur"] >= 50_000
                 assert trace.inside(work, "aten::mm"), "real matmuls, not a sleep"
             else:
                 assert work == []
@@ -323,8 +322,8 @@ def test_slow_rank_works_longer_only_on_that_rank(ddp_run: Path) -> None:
 def test_full_recompute_runs_every_forward_gemm_again_in_backward(ddp_run: Path, pp_run: Path) -> None:
     for trace in traces(ddp_run):
         again = trace.inside(trace.backward(), "aten::addmm")
-        # 4 linear layers with bias per block × 4 blocks × 2 steps, each once more
-        assert len(again) == len(trace.named("aten::addmm")) // 2 == 32
+        # 4 linear layers with bias per block × 4 blocks, each once more
+        assert len(again) == len(trace.named("aten::addmm")) // 2 == 16
     for trace in traces(pp_run):
         assert trace.inside(trace.backward(), "aten::addmm") == []
 
@@ -363,7 +362,7 @@ def test_no_overlap_all_reduces_each_gradient_after_backward(no_overlap_run: Pat
         (step,) = trace.steps()
         reduces = within(step, trace.named("gloo:all_reduce"))
         assert len(reduces) == 53  # every parameter tensor on its own
-        assert sum(r["args"]["Input Dims"][0][0] for r in reduces) == all_params
+        assert sum(math.prod(r["args"]["Input Dims"][0]) for r in reduces) == all_params
         backward_end = max(e["ts"] + e["dur"] for e in within(step, trace.backward()))
         assert min(e["ts"] for e in within(step, trace.named("c10d::allreduce_"))) >= backward_end
         assert trace.named("DistributedDataParallel.forward") == []

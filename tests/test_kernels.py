@@ -25,12 +25,20 @@ def _kernel_names(path: Path) -> set[str]:
         with opener(path, "rt") as f:
             trace = json.load(f)
     except json.JSONDecodeError:
-        pytest.skip(f"{path.name} is not JSON (an NCCL profiler example with hex literals), so has no Kineto kernels")
+        pytest.skip(
+            f"{path.name} is not JSON (an NCCL profiler example with hex literals), so has no Kineto kernels"
+        )
     events = trace if isinstance(trace, list) else trace.get("traceEvents", [])
-    return {e["name"] for e in events if isinstance(e, dict) and e.get("cat") in ("kernel", "Kernel") and "name" in e}
+    return {
+        e["name"]
+        for e in events
+        if isinstance(e, dict) and e.get("cat") in ("kernel", "Kernel") and "name" in e
+    }
 
 
-@pytest.mark.skipif(not TRACE_FILES, reason=f"real traces not found at {TRACES} (../shared/traces beside the repo)")
+@pytest.mark.skipif(
+    not TRACE_FILES, reason=f"real traces not found at {TRACES} (../shared/traces beside the repo)"
+)
 @pytest.mark.parametrize("path", TRACE_FILES, ids=lambda p: str(p.relative_to(TRACES)))
 def test_real_trace_kernels(path: Path) -> None:
     names = _kernel_names(path)
@@ -53,51 +61,122 @@ def test_real_trace_kernels(path: Path) -> None:
         ("ampere_bf16_s16816gemm_bf16_128x256_ldg8_f2f_stages_64x3_tn", "gemm"),
         ("volta_h884gemm_64x64_ldg8_nn", "gemm"),
         ("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_tn", "gemm"),
-        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas", "gemm"),
+        (
+            "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas",
+            "gemm",
+        ),
         ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT", "gemm"),
-        ("void gemmSN_TN_kernel<float, 128, 16, 2, 4, 2, 2, true>(cublasGemmSmallNParams<float const, float const, float>)", "gemm"),
-        ("void gemmk1_kernel<int, float, 256, 5, false, false, false, false, cublasGemvTensorStridedBatched<float const>, float, 0>(cublasGemmk1Params<float>)", "gemm"),
-        ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false, cublasGemvParams<cublasGemvTensorStridedBatched<float const>, float> >(float, float)", "gemm"),
-        ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>(cublasLt::cublasSplitKParams<float>)", "gemm"),
+        (
+            "void gemmSN_TN_kernel<float, 128, 16, 2, 4, 2, 2, true>(cublasGemmSmallNParams<float const, float const, float>)",
+            "gemm",
+        ),
+        (
+            "void gemmk1_kernel<int, float, 256, 5, false, false, false, false, cublasGemvTensorStridedBatched<float const>, float, 0>(cublasGemmk1Params<float>)",
+            "gemm",
+        ),
+        (
+            "void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false, cublasGemvParams<cublasGemvTensorStridedBatched<float const>, float> >(float, float)",
+            "gemm",
+        ),
+        (
+            "void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>(cublasLt::cublasSplitKParams<float>)",
+            "gemm",
+        ),
         # CUTLASS
-        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)", "gemm"),
-        ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8::Params)", "gemm"),
+        (
+            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)",
+            "gemm",
+        ),
+        (
+            "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8::Params)",
+            "gemm",
+        ),
         # cuDNN convolutions run as implicit GEMMs
-        ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize64x128x32_stage5_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer", "gemm"),
+        (
+            "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize64x128x32_stage5_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer",
+            "gemm",
+        ),
         ("cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1", "gemm"),
-        ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)", "gemm"),
+        (
+            "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)",
+            "gemm",
+        ),
         # AMD and Triton
         ("Cijk_Ailk_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT128x128x64_MI16x16x1_SN_LDSB1", "gemm"),
         ("triton_tem_fused_mm_0", "gemm"),
         ("triton_tem_fused_addmm_relu_3", "gemm"),
         ("triton_poi_fused_addmm_relu_0", "other"),  # the GEMM's epilogue, named after it
         # Attention
-        ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)", "attention"),
-        ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t> >(pytorch_flash::Flash_bwd_params)", "attention"),
-        ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<cute::tuple<cute::C<128> > > > >(flash::FlashAttnFwdSm90::Params)", "attention"),
-        ("fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)", "attention"),
-        ("fmha_cutlassB_bf16_aligned_128x64_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::Sm80, cutlass::bfloat16_t, true, false, true, 128, 64, 128, false>::Params)", "attention"),
+        (
+            "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)",
+            "attention",
+        ),
+        (
+            "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t> >(pytorch_flash::Flash_bwd_params)",
+            "attention",
+        ),
+        (
+            "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<cute::tuple<cute::C<128> > > > >(flash::FlashAttnFwdSm90::Params)",
+            "attention",
+        ),
+        (
+            "fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)",
+            "attention",
+        ),
+        (
+            "fmha_cutlassB_bf16_aligned_128x64_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::Sm80, cutlass::bfloat16_t, true, false, true, 128, 64, 128, false>::Params)",
+            "attention",
+        ),
         ("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128_4x1x1_kernel0_0", "attention"),
         # Communication
         ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "comm"),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "comm"),
         ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "comm"),
         ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "comm"),
-        ("void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 8, 4>(c10::BFloat16**, c10::BFloat16*, unsigned long, unsigned int**, unsigned long, unsigned long)", "comm"),
+        (
+            "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 8, 4>(c10::BFloat16**, c10::BFloat16*, unsigned long, unsigned int**, unsigned long, unsigned long)",
+            "comm",
+        ),
         # Copies, memsets and the rest
         ("Memcpy HtoD (Pageable -> Device)", "copy"),
         ("Memset (Device)", "memset"),
-        ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}> >(int, at::native::gpu_kernel_impl<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}> const&)", "copy"),
-        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>(float*, at::native::(anonymous namespace)::CatArrInputTensorMetadata<float, unsigned int, 128, 1>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)", "copy"),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)", "memset"),
-        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float, float const*, float const*, float const*, float*, float*, float*)", "other"),
-        ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, float>(int, int volatile*, TensorListMetadata<4>, AdamFunctor<float>, float)", "other"),
+        (
+            "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}> >(int, at::native::gpu_kernel_impl<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}> const&)",
+            "copy",
+        ),
+        (
+            "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>(float*, at::native::(anonymous namespace)::CatArrInputTensorMetadata<float, unsigned int, 128, 1>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)",
+            "copy",
+        ),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+            "memset",
+        ),
+        (
+            "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float, float const*, float const*, float const*, float*, float*, float*)",
+            "other",
+        ),
+        (
+            "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, float>(int, int volatile*, TensorListMetadata<4>, AdamFunctor<float>, float)",
+            "other",
+        ),
         ("triton_red_fused__to_copy_mean_pow_0", "other"),
+        ("triton_poi_fused__scaled_dot_product_efficient_attention_0", "other"),
+        ("triton_tem_fused_flex_attention_0", "attention"),
         ("triton__0d1d2d3d", "other"),
-        ("void fbgemm_gpu::permute_2D_data_kernel<true, int, int, float>(int, int, int, int const*, float const*, int const*, int const*, int const*, int*, float*)", "other"),
+        (
+            "void fbgemm_gpu::permute_2D_data_kernel<true, int, int, float>(int, int, int, int const*, float const*, int const*, int const*, int const*, int*, float*)",
+            "other",
+        ),
         # A parameter type does not make a kernel a GEMM: only the head (name and template) counts.
-        ("void scal_kernel<float, float, 1, false, 6, 5, 5, 3>(cublasTransposeParams<float>, float const*, float*, float const*)", "other"),
-        ("void fft2d_r2c_32x32<float, false, 0u, false>(float2*, float const*, int, int, int, int, int, int, int, int, int, cudnn::reduced_divisor, bool, int2, int, int)", "gemm"),
+        (
+            "void scal_kernel<float, float, 1, false, 6, 5, 5, 3>(cublasTransposeParams<float>, float const*, float*, float const*)",
+            "other",
+        ),
+        (
+            "void fft2d_r2c_32x32<float, false, 0u, false>(float2*, float const*, int, int, int, int, int, int, int, int, int, cudnn::reduced_divisor, bool, int2, int, int)",
+            "gemm",
+        ),
     ],
 )
 def test_classify(name: str, kernel_class: str) -> None:
@@ -109,32 +188,74 @@ def test_classify(name: str, kernel_class: str) -> None:
     ("name", "collective", "algo_proto"),
     [
         ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "allreduce", ("RING", "LL")),
-        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "allreduce", ("RING", "LL")),
+        (
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+            "allreduce",
+            ("RING", "LL"),
+        ),
         ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "sendrecv", ("RING", "SIMPLE")),
-        ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "broadcast", ("RING", "LL")),
+        (
+            "ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+            "broadcast",
+            ("RING", "LL"),
+        ),
         ("ncclKernel_AllReduce", "allreduce", (None, None)),
-        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "allreduce", ("RING", "LL")),
-        ("ncclDevKernel_AllReduce_Sum_bf16_TREE_LL(ncclDevKernelArgsStorage<4096ul>)", "allreduce", ("TREE", "LL")),
+        (
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "allreduce",
+            ("RING", "LL"),
+        ),
+        (
+            "ncclDevKernel_AllReduce_Sum_bf16_TREE_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "allreduce",
+            ("TREE", "LL"),
+        ),
         ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "allgather", ("RING", "LL")),
-        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "reducescatter", ("RING", "LL")),
+        (
+            "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "reducescatter",
+            ("RING", "LL"),
+        ),
         ("ncclDevKernel_Reduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "reduce", ("RING", "LL")),
         ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "sendrecv", (None, None)),
-        ("ncclDevKernel_AllReduce_Sum_bf16_NVLS_TREE_SIMPLE(ncclDevKernelArgsStorage<4096ul>)", "allreduce", ("NVLS_TREE", "SIMPLE")),
-        ("ncclDevKernel_AllReduce_Sum_u32_COLLNET_DIRECT_LL128(ncclDevKernelArgsStorage<4096ul>)", "allreduce", ("COLLNET_DIRECT", "LL128")),
-        ("ncclKernel_AllToAllPivot_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "alltoall", ("RING", "SIMPLE")),  # RCCL
+        (
+            "ncclDevKernel_AllReduce_Sum_bf16_NVLS_TREE_SIMPLE(ncclDevKernelArgsStorage<4096ul>)",
+            "allreduce",
+            ("NVLS_TREE", "SIMPLE"),
+        ),
+        (
+            "ncclDevKernel_AllReduce_Sum_u32_COLLNET_DIRECT_LL128(ncclDevKernelArgsStorage<4096ul>)",
+            "allreduce",
+            ("COLLNET_DIRECT", "LL128"),
+        ),
+        (
+            "ncclKernel_AllToAllPivot_RING_SIMPLE_Sum_int8_t(ncclWorkElem)",
+            "alltoall",
+            ("RING", "SIMPLE"),
+        ),  # RCCL
         ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", None, (None, None)),
-        ("void c10d::symmetric_memory::multimem_all_gather_kernel<16>(char*, char*, unsigned long)", "allgather", (None, None)),
-        ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)", "allreduce", (None, None)),
+        (
+            "void c10d::symmetric_memory::multimem_all_gather_kernel<16>(char*, char*, unsigned long)",
+            "allgather",
+            (None, None),
+        ),
+        (
+            "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)",
+            "allreduce",
+            (None, None),
+        ),
         ("ampere_sgemm_128x64_nn", None, (None, None)),
     ],
 )
-def test_collective_and_algorithm(name: str, collective: str | None, algo_proto: tuple[str | None, str | None]) -> None:
+def test_collective_and_algorithm(
+    name: str, collective: str | None, algo_proto: tuple[str | None, str | None]
+) -> None:
     assert collective_of(name) == collective
     assert nccl_algo_proto(name) == algo_proto
 
 
 def test_pattern_table_names_its_libraries() -> None:
-    assert {p.kernel_class for p in PATTERNS} == set(KernelClass) - {KernelClass.OTHER}
+    assert {p.kernel_class for p in PATTERNS} == set(KernelClass)
     assert all(p.emitted_by for p in PATTERNS)
 
 

@@ -187,7 +187,7 @@ class Trainer:
             # About four buckets even for the tiny default model (DDP's 25 MiB would make one).
             bucket_cap_mb = min(25.0, model_mb / 4)
             self.ddp = DistributedDataParallel(stage, bucket_cap_mb=bucket_cap_mb)  # type: ignore[arg-type]
-        self.optimizer = torch.optim.AdamW(self.params, lr=3e-4, foreach=True)
+        self.optimizer = torch.optim.AdamW(self.params, lr=3e-4)
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step(self, batch: torch.Tensor) -> None:
@@ -260,7 +260,14 @@ class Trainer:
 
 def _device() -> tuple[torch.device, str]:
     if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():
+            # NCCL refuses two ranks of one communicator on one GPU.
+            raise SystemExit(
+                f"diag example: rank {local_rank} needs GPU {local_rank}, and there are "
+                f"{torch.cuda.device_count()}: pass --nproc {torch.cuda.device_count()} or fewer"
+            )
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         return device, "nccl"
     return torch.device("cpu"), "gloo"

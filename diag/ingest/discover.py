@@ -7,7 +7,8 @@ from pathlib import Path
 
 from diag.errors import BadInput
 
-_TRACE_SUFFIXES = (".json", ".json.gz", ".ndjson", ".jsonl")
+# .log: NCCL Inspector writes `<hostname>-pid<pid>.log`; content decides whether it is one.
+_TRACE_SUFFIXES = (".json", ".json.gz", ".ndjson", ".jsonl", ".log", ".log.gz")
 # Flight Recorder dumps are named `nccl_trace_rank_N` (prefix configurable), no extension.
 _EXTENSIONLESS_DUMP = re.compile(r"(^|_)trace_rank_\d+$")
 # Files the tools beside diag write into a trace directory and that are never traces.

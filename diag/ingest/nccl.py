@@ -11,7 +11,8 @@ Three sources, told apart by content, never by file name (`detect_kind`):
 
 Each parser module documents its own fields; this module holds what they share: the row type,
 the Arrow schema of the table, collective-name normalization and typed field reads.
-`parse_nccl_file` returns the table without `file_id`, which the store adds.
+`parse_nccl_file` returns the table without `file_id` and `rank`, which the store adds to every table
+(the rank from `NcclParse.rank`), as it does for Kineto tables.
 """
 
 from __future__ import annotations
@@ -41,10 +42,9 @@ SOURCE_OF_KIND = {
     "nccl_profiler": "nccl_profiler",
 }
 
-# nccl_ops without file_id, in the order of schema.sql (a test compares the two).
+# nccl_ops without file_id and rank, in the order of schema.sql (a test compares the two).
 NCCL_OPS_SCHEMA = pa.schema(
     [
-        pa.field("rank", pa.int32()),
         pa.field("source", pa.string(), nullable=False),
         pa.field("record_idx", pa.int64(), nullable=False),
         pa.field("pg_name", pa.string()),
@@ -74,7 +74,7 @@ NCCL_OPS_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class NcclOp:
-    """One operation as a source saw it: an `nccl_ops` row less `rank` and `source`, which are per file."""
+    """One operation as a source saw it: an `nccl_ops` row less `file_id`, `rank` and `source` (per file)."""
 
     record_idx: int
     record: str
@@ -112,7 +112,7 @@ class SourceParse:
 
 @dataclass(frozen=True)
 class NcclParse:
-    """A parsed NCCL-side file. `kind` is the trace_files.kind; `table` has the nccl_ops columns but file_id."""
+    """A parsed NCCL-side file. `kind` is the trace_files.kind; `table` has the nccl_ops columns but file_id and rank."""
 
     kind: str
     rank: int | None
@@ -199,11 +199,11 @@ def parse_nccl_file(path: str, data: bytes, *, rank: int | None = None) -> NcclP
             warnings.append(f"rank {rank} given overrides rank {file_rank} found in the file ({rank_source})")
         file_rank, rank_source = rank, "option"
     source = SOURCE_OF_KIND[kind]
-    table, table_warnings = ops_table(parsed.rows, file_rank, source)
+    table, table_warnings = ops_table(parsed.rows, source)
     return NcclParse(source, file_rank, rank_source, table, tuple(warnings + table_warnings))
 
 
-def ops_table(rows: Iterable[NcclOp], rank: int | None, source: str) -> tuple[pa.Table, list[str]]:
+def ops_table(rows: Iterable[NcclOp], source: str) -> tuple[pa.Table, list[str]]:
     """The rows as an Arrow table with NCCL_OPS_SCHEMA, and a warning per column that lost values.
 
     Values read from a file are range-checked as they are read (`Fields`); what the parsers compute
@@ -213,9 +213,7 @@ def ops_table(rows: Iterable[NcclOp], rank: int | None, source: str) -> tuple[pa
     row_values = attrgetter(*names)
     per_column = list(zip(*(row_values(row) for row in rows), strict=True)) or [()] * len(names)
     columns: dict[str, list[object]] = {name: list(v) for name, v in zip(names, per_column, strict=True)}
-    n_rows = len(columns["record_idx"])
-    columns["rank"] = [rank] * n_rows
-    columns["source"] = [source] * n_rows
+    columns["source"] = [source] * len(columns["record_idx"])
     arrays, warnings = [], []
     for field in NCCL_OPS_SCHEMA:
         values = columns[field.name]

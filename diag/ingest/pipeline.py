@@ -63,7 +63,7 @@ def parse_file(path: str, known: frozenset[str], opts: IngestOptions, explicit: 
 
     kind = nccl.detect_kind(src.data[:65536])
     if kind is not None:
-        return _parsed_nccl(path, nccl.parse_nccl_file(path, src.data), src.content_hash)
+        return _parsed_nccl(path, nccl.parse_nccl_file(path, src.data, rank=opts.rank), src.content_hash)
     if b'"traceEvents"' not in src.data:
         if explicit:
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS trace_files (
     base_time_ns     BIGINT,                -- baseTimeNanoseconds (NULL when absent)
     first_ts_ns      BIGINT,                -- earliest event start in the file
     last_ts_ns       BIGINT,                -- latest event end in the file
-    n_events         BIGINT NOT NULL,       -- events read (all phases), = sum of rows over the event tables
+    n_events         BIGINT NOT NULL,       -- Kineto: events read (all phases) = sum of rows over the event tables; NCCL-side: nccl_ops rows
     has_gpu          BOOLEAN NOT NULL,      -- any kernel, memcpy or memset event
     partial          BOOLEAN NOT NULL,      -- --salvage kept only the complete events before damage
     damage_offset    BIGINT,                -- byte offset of the damage in the decompressed text, when partial
@@ -182,7 +182,7 @@ CREATE TABLE IF NOT EXISTS nccl_ops (
     file_id      INTEGER NOT NULL,
     rank         INTEGER,        -- global rank of the recording process
     source       VARCHAR NOT NULL, -- 'flight_recorder' | 'nccl_inspector' | 'nccl_profiler'
-    record_idx   BIGINT NOT NULL,  -- position of the record within the file
+    record_idx   BIGINT NOT NULL,  -- FR: index into `entries`; Inspector: 0-based line; profiler: index of the op's begin event
     pg_name      VARCHAR,        -- process group name (FR) or communicator id/hash (NCCL-side)
     pg_desc      VARCHAR,
     comm_id      VARCHAR,        -- communicator hash / id as text (can exceed 64 bits)
@@ -195,11 +195,11 @@ CREATE TABLE IF NOT EXISTS nccl_ops (
     msg_bytes    BIGINT,
     dtype        VARCHAR,
     state        VARCHAR,        -- FR: scheduled | started | completed
-    start_ns     BIGINT,         -- on the source's own clock (see `source`)
+    start_ns     BIGINT,         -- on the source's own clock (see `source`); FR: when the work was enqueued
     end_ns       BIGINT,
     duration_ns  BIGINT,
-    algo_bw_gbps DOUBLE,
-    bus_bw_gbps  DOUBLE,
+    algo_bw_gbps DOUBLE,         -- GB/s (10^9 bytes/s)
+    bus_bw_gbps  DOUBLE,         -- GB/s (10^9 bytes/s), NCCL's bus bandwidth
     algorithm    VARCHAR,        -- RING / TREE / NVLS ... where the source says
     protocol     VARCHAR,        -- LL / LL128 / SIMPLE
     n_channels   INTEGER,

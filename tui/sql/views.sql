@@ -85,7 +85,7 @@ last AS (
 SELECT c.pg_name, any_value(c.pg_desc) AS pg_desc, c.collective, c.size_log2,
        min(c.msg_bytes) AS min_bytes, max(c.msg_bytes) AS max_bytes,
        count(*) AS calls, count(DISTINCT c.instance) AS instances, count(DISTINCT c.rank) AS ranks,
-       max(c.group_size) AS group_size,
+       max(c.group_size) AS group_size, any_value(c.group_ranks) AS group_ranks,
        sum(c.end_ns - c.ts_ns) AS time_ns, sum(coalesce(e.exposed_ns, 0)) AS exposed_ns,
        sum(c.wait_ns) AS wait_ns, median(c.busbw_gbps) AS busbw_gbps,
        any_value(l.last_rank) AS last_rank, any_value(l.last_n) AS last_n

@@ -1,0 +1,228 @@
+"""Where snapshots come from: one analysis of a path (post-mortem), or a directory followed (live).
+
+Both own the store's one writer connection and run in a worker thread; screens read through
+their own cursors (`Store.reader`). DuckDB refuses a second process on a file held read-write
+(DESIGN.md), so live mode is one process: this writer, and a cursor per reader thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from diag import store
+from diag.api import Opened, open_store
+from diag.engine import Analysis, AnalyzeOptions, analyze
+from diag.errors import BadInput
+from diag.ingest.discover import discover
+from diag.ingest.pipeline import IngestOptions, ingest
+from diag.report import build_report
+from tui import queries
+from tui.snapshot import LiveStatus, PendingFile, Snapshot, analyzed, empty
+
+# (what is happening, fraction done or None when unknown)
+Progress = Callable[[str, float | None], None]
+
+
+class Store:
+    """The writer connection, and a fresh cursor for each reader (a shared cursor refuses concurrent calls)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    @contextmanager
+    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        cur = self.con.cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+
+def analyze_store(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None,
+                  unreadable: int = 0) -> tuple[Analysis, dict[str, Any]]:
+    """Rebuild the analysis tables and the report, as one transaction: readers see the old tables
+    or the new ones, never a half-written mix."""
+    if opts.model is None and model_file:
+        opts = dataclasses.replace(opts, model=model_file)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        a = analyze(con, opts)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    if unreadable:
+        a.run.notes.append(f"{unreadable} file(s) could not be read and were left out")
+    if model_file and opts.model == model_file:
+        a.run.notes.append(f"model description from {model_file}")
+    return a, build_report(a)
+
+
+def _model_beside(path: Path) -> str | None:
+    model = (path if path.is_dir() else path.parent) / "model.toml"
+    return str(model) if model.is_file() else None
+
+
+class PostMortem:
+    """One trace directory, trace file or diag DuckDB file, analyzed once."""
+
+    def __init__(self, path: str, db: str | None, opts: AnalyzeOptions, ingest_opts: IngestOptions) -> None:
+        self.path = path
+        self.db = db
+        self.opts = opts
+        self.ingest_opts = ingest_opts
+        self.store: Store | None = None
+        self.errors: list[BadInput] = []
+
+    def load(self, progress: Progress) -> Snapshot:
+        progress(f"reading {self.path}", None)
+
+        def ingested(done: int, total: int, path: str) -> None:
+            progress(f"ingesting {done}/{total}: {os.path.basename(path)}", done / max(total, 1))
+
+        opened: Opened = open_store(self.path, self.db, self.ingest_opts, progress=ingested)
+        self.store = Store(opened.con)
+        self.errors = opened.errors
+        progress("analyzing: timelines, collectives, ledger, rules", None)
+        a, report = analyze_store(opened.con, self.opts, opened.model_file or _model_beside(Path(self.path)),
+                                  len(opened.errors))
+        progress("preparing the views", None)
+        return analyzed(opened.con, a, report, 1, self.path)
+
+
+@dataclass(frozen=True)
+class _Stat:
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class _Failed:
+    stat: _Stat
+    reason: str
+    since_s: float
+
+
+class Live:
+    """Follows the directory a running job's profiler writes into.
+
+    A file is ingested once it is complete, never half-written: torch writes a `.json` to a
+    temporary name and renames it (it appears whole), but writes a `.json.gz` in place, visible
+    while incomplete (DESIGN.md). So a `.json.gz` must look the same on two polls in a row before
+    it is read, and any file that fails to read is retried when it changes — it is reported as
+    waiting, not as an error. One left unchanged and unreadable for `settle_s` (a killed run's
+    truncated file) is shown as stuck, and kept with --salvage.
+    """
+
+    def __init__(self, directory: str, db: str | None, opts: AnalyzeOptions, ingest_opts: IngestOptions,
+                 clock: Callable[[], float] = time.monotonic, settle_s: float = 30.0, idle_s: float = 60.0) -> None:
+        self.directory = directory
+        self.opts = opts
+        # Follow with one in-process parse per file: a pool of spawned processes costs ~1.5 s to
+        # start on 2 cores, most of the 2 s a new file has to reach the screens.
+        self.ingest_opts = dataclasses.replace(ingest_opts, salvage=False, jobs=1)
+        self.salvage = ingest_opts.salvage
+        self.clock = clock
+        self.settle_s = settle_s
+        self.idle_s = idle_s
+        self.store = Store(store.connect(db))
+        self.generation = 0
+        self._snapshot = empty(directory)
+        self._seen: dict[str, _Stat] = {}
+        self._failed: dict[str, _Failed] = {}
+        self._done: set[str] = set()
+        self._writing: tuple[str, ...] = ()        # seen changing on the last poll
+        self._last_change_s: float | None = None
+        self._errors = 0
+
+    def poll(self) -> Snapshot | None:
+        """One look at the directory: ingest what is complete; a new snapshot when anything changed."""
+        now = self.clock()
+        ready = self._ready(now)
+        changed = False
+        if ready:
+            changed = self._ingest(ready, self.ingest_opts, now)
+        stuck = [p for p, f in self._failed.items() if now - f.since_s >= self.settle_s]
+        if self.salvage and stuck:
+            changed = self._ingest(stuck, dataclasses.replace(self.ingest_opts, salvage=True), now) or changed
+        if changed:
+            self.generation += 1
+            a, report = analyze_store(self.store.con, self.opts, _model_beside(Path(self.directory)), self._errors)
+            self._snapshot = analyzed(self.store.con, a, report, self.generation, self.directory)
+        status = self._status(now)
+        if changed or status != self._snapshot.live:
+            self._snapshot = dataclasses.replace(self._snapshot, live=status)
+            return self._snapshot
+        return None
+
+    def _ready(self, now: float) -> list[str]:
+        try:
+            files, _ = discover([self.directory])
+        except BadInput:
+            return []                      # the directory is not there (yet)
+        ready = []
+        writing = []
+        for path in files:
+            if path in self._done:
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue                   # renamed or removed between the scan and the stat
+            stat = _Stat(st.st_size, st.st_mtime_ns)
+            before = self._seen.get(path)
+            self._seen[path] = stat
+            if before != stat:
+                self._last_change_s = now
+            # A .json appears whole (renamed into place); anything else must hold still for one poll.
+            steady = path.endswith(".json") or before == stat
+            failed = self._failed.get(path)
+            if steady and (failed is None or failed.stat != stat):
+                ready.append(path)
+            elif not steady:
+                writing.append(path)
+        self._writing = tuple(writing)
+        return ready
+
+    def _ingest(self, paths: list[str], opts: IngestOptions, now: float) -> bool:
+        result = ingest(paths, self.store.con, opts)
+        for path, _ in result.ingested:
+            self._done.add(path)
+            self._failed.pop(path, None)
+        for s in result.skipped:
+            self._done.add(s.path)
+            self._failed.pop(s.path, None)
+        for e in result.errors:
+            stat = self._seen.get(e.path)
+            if stat is None:
+                continue
+            if opts.salvage:
+                self._done.add(e.path)     # salvage was the last try: count it out
+                self._failed.pop(e.path, None)
+                self._errors += 1
+                continue
+            prev = self._failed.get(e.path)
+            self._failed[e.path] = _Failed(stat, e.reason, prev.since_s if prev and prev.stat == stat else now)
+        return bool(result.ingested)
+
+    def _status(self, now: float) -> LiveStatus:
+        with self.store.reader() as cur:
+            rep = queries.reported(cur)
+            n = cur.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchone()
+        idle = None if self._last_change_s is None else now - self._last_change_s
+        pending = tuple(PendingFile(p, "being written", False) for p in self._writing) + tuple(
+            PendingFile(p, f.reason, now - f.since_s >= self.settle_s) for p, f in sorted(self._failed.items())
+        )
+        following = idle is None or idle < self.idle_s
+        # Rounded so that a status that only aged does not count as a change: one redraw a second at most.
+        return LiveStatus(self.directory, following, int(n[0]) if n else 0, rep, pending,
+                          None if idle is None else float(int(idle)))
