@@ -98,9 +98,10 @@ class Capture:
             self._profiler.step()
 
 
-# Depth of explicit `capture()` blocks in this process; the optimizer-step hook stands aside
-# while one is open (two Kineto profilers cannot run at once).
-_explicit_depth = 0
+# Set once the script calls `capture()` itself: from then on the optimizer-step hook of
+# `diag capture` stands aside for good (two Kineto profilers cannot run at once, and the
+# script's own choice of steps wins).
+_script_captures = False
 _auto_session: _AutoSession | None = None
 
 
@@ -120,15 +121,12 @@ def capture(
     `distributedInfo` (rank, world size, process groups) only when it is initialized then.
     `model` is DESIGN.md's `[model]` description, written to out_dir/model.toml.
     """
-    global _explicit_depth
+    global _script_captures
+    _script_captures = True
     if _auto_session is not None:
         _auto_session.close()
-    _explicit_depth += 1
-    try:
-        with _profiled(Path(out_dir), Schedule(wait, warmup, active, repeat), model) as cap:
-            yield cap
-    finally:
-        _explicit_depth -= 1
+    with _profiled(Path(out_dir), Schedule(wait, warmup, active, repeat), model) as cap:
+        yield cap
 
 
 @contextmanager
@@ -209,7 +207,7 @@ def _dump_flight_recorder(out_dir: Path) -> None:
         return
     c10d = torch._C._distributed_c10d
     # NCCL keeps its own recorder (CUDA events); other backends share the generic one.
-    dump = getattr(c10d, "_dump_nccl_trace" if dist.get_backend() == "nccl" else "_dump_fr_trace", None)
+    dump = getattr(c10d, "_dump_nccl_trace" if "nccl" in dist.get_backend() else "_dump_fr_trace", None)
     if dump is None:  # a torch older than the generic Flight Recorder
         return
     try:
@@ -290,7 +288,7 @@ _optimizer_step_depth = 0
 def _on_optimizer_step() -> None:
     """Each optimizer step ends one ProfilerStep; the first starts the capture."""
     global _auto_session
-    if _explicit_depth:
+    if _script_captures:
         return
     if _auto_session is None:
         # Start at the end of the first step, so that ProfilerStep#0 is a whole iteration
@@ -428,8 +426,7 @@ def run_capture(
     if not argv:
         raise ValueError("no command to run: diag capture --out DIR -- python train.py ...")
     schedule = Schedule(wait, warmup, active, repeat)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir)
     if model is not None:
         write_model_toml(out, model)
     env = dict(os.environ)
@@ -441,6 +438,18 @@ def run_capture(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
         status = subprocess.run(argv, env=env).returncode
     return 128 - status if status < 0 else status
+
+
+def prepare_out_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """Create the directory a new run's traces go to; refuse one holding another run's traces.
+
+    Two runs' files in one directory would give diag two traces of every rank.
+    """
+    out = Path(out_dir).resolve()
+    if any(out.glob("*.pt.trace.json*")):
+        raise ValueError(f"{out} already holds traces of another run: give an empty or new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def add_capture_arguments(parser: argparse.ArgumentParser) -> None:

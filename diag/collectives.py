@@ -199,7 +199,8 @@ def collective_rows(matched: list[Matched], offsets: dict[int, ClockOffset]) -> 
         transfer = max(dur - m.wait_ns, 0)
         algbw = c.msg_bytes / transfer if c.msg_bytes and transfer > 0 else None  # bytes/ns = GB/s
         n = c.group_size or m.n_matched
-        busbw = algbw * bus_factor(c.collective, n) if algbw is not None and n else None
+        known = normalize_collective(c.collective) is not None
+        busbw = algbw * bus_factor(c.collective, n) if algbw is not None and n and known else None
         rows.append((
             c.file_id, c.rank, c.step, c.pg_name, c.pg_desc, c.collective, c.seq, m.ordinal, m.instance,
             c.group_size, c.group_ranks, c.msg_bytes, c.dtype, c.ts_ns, c.end_ns, c.ts_ns + off, c.end_ns + off,

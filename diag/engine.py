@@ -106,11 +106,11 @@ def resolve_peak(timelines: list[RankTimeline], opts: AnalyzeOptions) -> Peak:
     if part is not None and dtype in part.dense_tflops:
         dense = hardware.dense_peak_tflops(part, dtype)
         src = f"{part.name} dense {dtype} {dense:g} TFLOP/s ({how}){dtype_note}"
-        if user is not None and not hardware.sparse_peak_matches(user) and abs(user - dense) > 1e-9:
+        if user is not None and not hardware.sparse_peak_matches(user, dtype=dtype) and abs(user - dense) > 1e-9:
             dense, src = user, f"--peak-tflops {user:g} (the part's dense {dtype} figure is {src})"
         return Peak(dense, part.key, part.name, dtype, src, user, part.hbm_gbps, part.nvlink_gbps)
     if user is not None:
-        sparse = hardware.sparse_peak_matches(user)
+        sparse = hardware.sparse_peak_matches(user, dtype=dtype)
         tflops = user / 2 if sparse else user
         src = f"--peak-tflops {user:g}" + (" (a 'with sparsity' figure: halved to the dense peak)" if sparse else "")
         p = sparse[0][0] if sparse else None

@@ -37,45 +37,67 @@ def known_hashes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     return dict(con.execute("SELECT content_hash, path FROM trace_files").fetchall())
 
 
-def write_file(
-    con: duckdb.DuckDBPyConnection, file_row: dict[str, Any], tables: dict[str, pa.Table]
-) -> int:
-    """Insert one file's row and its event tables in one transaction; returns its file_id.
+class FileWriter:
+    """One file's rows, written in one transaction: `add` chunks as they are parsed, then
+    `finish` with the file's row. Leaving the `with` block any other way rolls everything back,
+    so a failure leaves nothing of the file behind (ingest is atomic per file)."""
 
-    A failure anywhere leaves nothing of the file behind (ingest is atomic per file).
-    """
-    con.execute("BEGIN TRANSACTION")
-    try:
-        file_id = con.execute("SELECT nextval('file_id_seq')").fetchone()[0]  # type: ignore[index]
-        row = dict(file_row, file_id=file_id, ingested_at=datetime.now(timezone.utc).replace(tzinfo=None))
+    def __init__(self, con: duckdb.DuckDBPyConnection, rank: int | None = None) -> None:
+        self.con = con
+        self.rank = rank   # set before the first add: every row carries it
+        self.file_id = -1
+        self.done = False
+
+    def __enter__(self) -> FileWriter:
+        self.con.execute("BEGIN TRANSACTION")
+        # fetchall: DuckDB refuses other work on a connection while a result is left half-read.
+        self.file_id = int(self.con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0])
+        return self
+
+    def add(self, tables: dict[str, pa.Table]) -> None:
+        for name, table in tables.items():
+            if table.num_rows:
+                self._insert(name, table, "_incoming", lambda t=table: self.con.register("_incoming", t))
+
+    def add_parquet(self, name: str, path: str, schema: pa.Schema) -> None:
+        self._insert(name, schema.empty_table(), f"read_parquet('{_sql_str(path)}')", lambda: None)
+
+    def _insert(self, name: str, like: pa.Table, source: str, register: Any) -> None:
+        cols = like.column_names
+        exprs = [
+            f'CAST(decode("{c}") AS JSON)' if c in _JSON_COLUMNS and pa.types.is_binary(like.schema.field(c).type)
+            else f'"{c}"'
+            for c in cols
+        ]
+        rank = "NULL" if self.rank is None else str(int(self.rank))
+        register()
+        try:
+            self.con.execute(
+                f"INSERT INTO {name} (file_id, rank, {', '.join(cols)}) "
+                f"SELECT {self.file_id}, {rank}, {', '.join(exprs)} FROM {source}"
+            )
+        finally:
+            if source == "_incoming":
+                self.con.unregister("_incoming")
+
+    def finish(self, file_row: dict[str, Any]) -> int:
+        row = dict(file_row, file_id=self.file_id,
+                   ingested_at=datetime.now(timezone.utc).replace(tzinfo=None))
         for key in ("device_props", "distributed_info", "warnings"):
             row[key] = None if row.get(key) is None else json.dumps(row[key])
         cols = list(row)
-        con.execute(
+        self.con.execute(
             f"INSERT INTO trace_files ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
             [row[c] for c in cols],
         )
-        for name, table in tables.items():
-            if table.num_rows:
-                _insert(con, name, table, file_id, file_row.get("rank"))
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    return int(file_id)
+        self.con.execute("COMMIT")
+        self.done = True
+        return self.file_id
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.done:
+            self.con.execute("ROLLBACK")
 
 
-def _insert(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, file_id: int, rank: int | None) -> None:
-    exprs = [
-        f'CAST(decode("{c}") AS JSON)' if c in _JSON_COLUMNS and pa.types.is_binary(table.schema.field(c).type)
-        else f'"{c}"'
-        for c in table.column_names
-    ]
-    con.register("_incoming", table)
-    try:
-        con.execute(
-            f"INSERT INTO {name} (file_id, rank, {', '.join(table.column_names)}) "
-            f"SELECT {file_id}, {'NULL' if rank is None else int(rank)}, {', '.join(exprs)} FROM _incoming"
-        )
-    finally:
-        con.unregister("_incoming")
+def _sql_str(s: str) -> str:
+    return s.replace("'", "''")

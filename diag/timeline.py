@@ -23,8 +23,6 @@ from diag.phases import assign_phases, is_dataloader_span
 I64 = npt.NDArray[np.int64]
 
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
-# Ops whose shapes can carry matmul/attention/conv FLOPs (diag/flops.py decides exactly).
-_FLOP_OP = re.compile(r"mm|matmul|linear|attention|conv", re.IGNORECASE)
 _MATMUL_CLASSES = frozenset({kernels.KernelClass.GEMM, kernels.KernelClass.ATTENTION})
 
 
@@ -197,12 +195,13 @@ def _activities(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[
 def _cpu_ops(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any]]:
     rows = con.execute(
         """
-        SELECT tid, ts_ns, ts_ns + dur_ns, name, fwd_tid, external_id, input_dims, input_types, trace_flops
+        SELECT tid, ts_ns, ts_ns + dur_ns, name, fwd_tid, external_id, input_dims, input_types, trace_flops,
+               CASE WHEN name LIKE '%conv%' THEN args->'Concrete Inputs' END
         FROM cpu_ops WHERE file_id = ? ORDER BY tid, ts_ns, dur_ns DESC
         """,
         [file_id],
     ).fetchall()
-    keys = ("tid", "ts", "end", "name", "fwd_tid", "external_id", "dims", "types", "trace_flops")
+    keys = ("tid", "ts", "end", "name", "fwd_tid", "external_id", "dims", "types", "trace_flops", "concrete")
     cols: dict[str, list[Any]] = {k: [] for k in keys}
     for r in rows:
         for k, v in zip(keys, r, strict=True):
@@ -227,14 +226,15 @@ def _kernel_flops(
             members.setdefault(oi, []).append(i)
     for oi, idx in members.items():
         name = ops["name"][oi] or ""
-        if not _FLOP_OP.search(name) or ops["dims"][oi] is None:
+        if name.removesuffix("_") not in flops_mod.SUPPORTED_OPS or ops["dims"][oi] is None:
             continue
         try:
             dims = json.loads(ops["dims"][oi])
             types = json.loads(ops["types"][oi]) if ops["types"][oi] else None
+            concrete = json.loads(ops["concrete"][oi]) if ops["concrete"][oi] else None
         except (TypeError, ValueError):
             continue
-        f = flops_mod.op_flops(name, dims, types)
+        f = flops_mod.op_flops(name, dims, types, concrete)
         if f is None:
             continue
         durs = np.array([acts["end"][i] - acts["ts"][i] for i in idx], np.float64)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from diag.analysis import Finding, RunContext, StepContext, severity
 from diag.ledger import StepLedger
-from diag.links import LINKS, bus_factor
+from diag.links import LINKS, bus_factor, normalize_collective
 from rules.base import Rule
 
 
@@ -100,7 +100,7 @@ class ExposedCollectives(Rule[Params]):
                 g.instances.append(mt.instance)
             transfer = (c.end_ns - c.ts_ns) - mt.wait_ns
             n = c.group_size or mt.n_matched
-            if c.msg_bytes and transfer > 0 and n > 1:
+            if c.msg_bytes and transfer > 0 and n > 1 and normalize_collective(c.collective):
                 g.busbw.append(c.msg_bytes / transfer * bus_factor(c.collective, n))  # bytes/ns = GB/s
         return sorted(acc.values(), key=lambda g: -g.exposed_ms)
 

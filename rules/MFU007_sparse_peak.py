@@ -39,7 +39,7 @@ class SparsePeak(Rule[Params]):
         user = run.peak.user_tflops
         if user is None:
             return []
-        matches = hardware.sparse_peak_matches(user, tol=self.params.tolerance)
+        matches = hardware.sparse_peak_matches(user, tol=self.params.tolerance, dtype=run.peak.dtype)
         if not matches:
             return []
         part, dtype = matches[0]

@@ -1,8 +1,8 @@
 """diag.capture and the example job, proven on runs captured here: 2 processes, gloo, CPU.
 
-The real runs (marked slow, ~5 s each: every process imports torch and torch._dynamo) are made
-once per module and shared by the tests that read them; the checks read the raw Kineto JSON,
-not diag's ingest.
+Each real run (marked slow, ~5 s: every process imports torch and torch._dynamo) belongs to one
+test, which makes all its checks on it, so that `pytest -n` never makes a run twice. The checks
+read the raw Kineto JSON, not diag's ingest.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,6 +167,14 @@ def test_a_run_that_cannot_work_is_refused_naming_the_switch(
         run_example(tmp_path, nproc=nproc, **switches)
 
 
+def test_a_directory_with_another_runs_traces_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "host_1.1.pt.trace.json").write_text("{}")
+    with pytest.raises(ValueError, match="already holds traces"):
+        run_example(tmp_path)
+    with pytest.raises(ValueError, match="already holds traces"):
+        run_capture([sys.executable, "-c", "pass"], tmp_path)
+
+
 def test_the_wrapper_passes_the_status_and_keeps_the_users_sitecustomize(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,46 +206,24 @@ def test_the_capture_command_needs_a_command(tmp_path: Path, capsys: pytest.Capt
 # ---------------------------------------------------------------- slow: real captured runs
 
 
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """DDP, with a slow loader, a slow rank 1 and full recomputation; two cycles of one step."""
-    pytest.importorskip("torch")
-    out = tmp_path_factory.mktemp("ddp")
-    return run_example(out, nproc=2, steps=6, active=1, repeat=2, loader_delay_ms=50, slow_rank=1, recompute="full")
-
-
-@pytest.fixture(scope="module")
-def pp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two pipeline stages, four microbatches of 2, selective recomputation; one recorded step."""
-    pytest.importorskip("torch")
-    return run_example(tmp_path_factory.mktemp("pp"), nproc=2, steps=3, pp=2, micro_batch=2, recompute="selective")
-
-
-@pytest.fixture(scope="module")
-def no_overlap_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    return run_example(tmp_path_factory.mktemp("no_overlap"), nproc=2, steps=3, no_overlap=True)
-
-
-def _parameters(config: ExampleConfig) -> tuple[int, int]:
+def _parameters() -> tuple[int, int]:
     """(non-embedding, all) parameters, counted over the modules of the model the job builds."""
     from torch import nn
 
     from diag.example.gpt import GPT
 
-    gpt = GPT(config)
+    gpt = GPT(ExampleConfig())
     non_embedding = sum(
         p.numel() for m in gpt.modules() if not isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
     )
     return non_embedding, sum(p.numel() for p in gpt.parameters())
 
 
-@pytest.mark.slow
-def test_one_trace_per_rank_per_cycle_with_distributed_info(ddp_run: Path) -> None:
-    ranks = by_rank(ddp_run)
+def check_one_trace_per_rank_per_cycle(out: Path, steps_per_cycle: list[list[str]]) -> None:
+    ranks = by_rank(out)
     assert sorted(ranks) == [0, 1]
-    for rank, files in ranks.items():
-        assert len(files) == 2, f"rank {rank}: one file per cycle"
+    for files in ranks.values():
+        assert [[s["name"] for s in t.steps()] for t in files] == steps_per_cycle
         for trace in files:
             info = trace.doc["distributedInfo"]
             assert (info["world_size"], info["backend"]) == (2, "gloo")
@@ -246,172 +231,176 @@ def test_one_trace_per_rank_per_cycle_with_distributed_info(ddp_run: Path) -> No
             # tensorboard_trace_handler's `{hostname}_{pid}.{time_ns}.pt.trace.json`
             worker, time_ns, *_ = trace.path.name.split(".")
             assert worker.rsplit("_", 1)[1].isdigit() and time_ns.isdigit()
-        # wait 1, warm-up 1, active 1, twice: step 2, then step 5
-        assert [[s["name"] for s in t.steps()] for t in files] == [["ProfilerStep#2"], ["ProfilerStep#5"]]
 
 
-@pytest.mark.slow
-def test_model_toml_describes_the_model_that_ran(ddp_run: Path) -> None:
-    model = tomllib.loads((ddp_run / MODEL_FILE).read_text())["model"]
-    config = ExampleConfig()
-    assert model == {
-        "params": _parameters(config)[0],
-        "layers": 4,
-        "heads": 4,
-        "head_dim": 16,
-        "seq_len": 64,
-        "tokens_per_step": 8 * 64 * 2,  # batch × seq_len × 2 data-parallel ranks
-    }
+def check_model_toml(out: Path, tokens_per_step: int) -> None:
+    model = tomllib.loads((out / MODEL_FILE).read_text())["model"]
+    expected = {"params": _parameters()[0], "layers": 4, "heads": 4, "head_dim": 16, "seq_len": 64}
+    assert model == {**expected, "tokens_per_step": tokens_per_step}
 
 
-@pytest.mark.slow
-def test_gemms_carry_their_shapes(ddp_run: Path) -> None:
-    trace = traces(ddp_run)[0]
-    addmms = trace.named("aten::addmm")
-    assert addmms
-    for op in addmms:
-        bias, a, b, *_ = op["args"]["Input Dims"]
-        assert len(a) == len(b) == 2 and a[1] == b[0], op["args"]
-        assert a[0] == 8 * 64  # the whole batch: batch × seq_len rows
+def check_gemm_rows(out: Path, rows: int) -> None:
+    for trace in traces(out):
+        addmms = trace.named("aten::addmm")
+        assert addmms
+        for op in addmms:
+            _bias, a, b, *_ = op["args"]["Input Dims"]
+            assert len(a) == len(b) == 2 and a[1] == b[0], op["args"]
+            assert a[0] == rows, op["args"]
 
 
-@pytest.mark.slow
-def test_ddp_gradient_all_reduce_is_bucketed_and_overlaps_backward(ddp_run: Path) -> None:
-    _, all_params = _parameters(ExampleConfig())
-    for trace in traces(ddp_run):
-        # On the CPU a gloo collective is two host spans: the c10d op on the main thread, and
-        # gloo's own on a gloo worker thread carrying the tensor's shape.
-        main_tid = trace.steps()[0]["tid"]
-        assert {e["tid"] for e in trace.named("c10d::allreduce_")} == {main_tid}
-        assert trace.thread_names(trace.named("gloo:all_reduce")[0]["tid"]) >= {
-            f"thread {trace.named('gloo:all_reduce')[0]['tid']} (pt_gloo_runloop)"
-        }
-        for step in trace.steps():
-            buckets = within(step, trace.named("gloo:all_reduce"))
-            assert 1 < len(buckets) < 10
-            assert sum(math.prod(b["args"]["Input Dims"][0]) for b in buckets) == all_params
-            backward_end = max(e["ts"] + e["dur"] for e in within(step, trace.backward()))
-            assert min(b["ts"] for b in buckets) < backward_end, "the first bucket starts during backward"
-
-
-@pytest.mark.slow
-def test_loader_delay_gives_data_loader_spans_of_at_least_the_delay(ddp_run: Path, pp_run: Path) -> None:
-    for trace in traces(ddp_run):
+def check_loader_spans(out: Path, delay_us: int) -> None:
+    """Every step fetches its batch inside its ProfilerStep, taking at least the injected delay."""
+    for trace in traces(out):
         for step in trace.steps():
             (loader,) = within(step, trace.named(LOADER_SPAN))
-            assert loader["dur"] >= 50_000  # µs; the dataset sleeps 50 ms per batch
-    for trace in traces(pp_run):
-        assert all(e["dur"] < 50_000 for e in trace.named(LOADER_SPAN))
+            assert loader["dur"] >= delay_us
+            assert delay_us or loader["dur"] < 50_000
+
+
+def check_recomputed(out: Path, op: str, per_step: int) -> None:
+    """`op` runs `per_step` times again inside backward (on the CPU, backward is on the main thread)."""
+    for trace in traces(out):
+        again = trace.inside(trace.backward(), op)
+        assert len(again) == per_step * len(trace.steps())
+        assert len(trace.named(op)) - len(again) >= len(again), "and once in forward"
+
+
+def backward_end(trace: Trace, step: dict[str, Any]) -> float:
+    return max(e["ts"] + e["dur"] for e in within(step, trace.backward()))
 
 
 @pytest.mark.slow
-def test_slow_rank_works_longer_only_on_that_rank(ddp_run: Path) -> None:
+def test_ddp_run_with_a_slow_loader_a_slow_rank_and_full_recompute(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
     from diag.example.gpt import SLOW_RANK_SPAN
 
-    for rank, files in by_rank(ddp_run).items():
-        for trace in files:
-            work = trace.named(SLOW_RANK_SPAN)
-            if rank == 1:
-                assert len(work) == 1 and work[0]["dur"] >= 50_000
-                assert trace.inside(work, "aten::mm"), "real matmuls, not a sleep"
-            else:
-                assert work == []
+    out = run_example(tmp_path, nproc=2, steps=6, active=1, repeat=2, loader_delay_ms=50, slow_rank=1, recompute="full")
+    # wait 1, warm-up 1, active 1, twice: step 2, then step 5; one file per rank per cycle
+    check_one_trace_per_rank_per_cycle(out, [["ProfilerStep#2"], ["ProfilerStep#5"]])
+    check_model_toml(out, tokens_per_step=8 * 64 * 2)  # batch × seq_len × 2 data-parallel ranks
+    check_gemm_rows(out, rows=8 * 64)
+    check_loader_spans(out, delay_us=50_000)  # the dataset sleeps 50 ms per batch
+    # 4 linear layers with bias per block × 4 blocks
+    check_recomputed(out, "aten::addmm", per_step=16)
+
+    _, all_params = _parameters()
+    for trace in traces(out):
+        # On the CPU a gloo collective is two host spans: the c10d op on the main thread, and
+        # gloo's own on a gloo worker thread, carrying the flat bucket's shape.
+        (step,) = trace.steps()
+        assert {e["tid"] for e in trace.named("c10d::allreduce_")} == {step["tid"]}
+        buckets = within(step, trace.named("gloo:all_reduce"))
+        assert all(f"thread {b['tid']} (pt_gloo_runloop)" in trace.thread_names(b["tid"]) for b in buckets)
+        assert 1 < len(buckets) < 10
+        assert sum(math.prod(b["args"]["Input Dims"][0]) for b in buckets) == all_params
+        # DDP launches a bucket's all-reduce from backward as soon as its gradients are ready
+        # (program order on the main thread, not a race with the gloo thread).
+        launches = within(step, trace.named("c10d::allreduce_"))
+        assert min(e["ts"] for e in launches) < backward_end(trace, step), "the first bucket overlaps backward"
+
+        work = trace.named(SLOW_RANK_SPAN)
+        if trace.rank == 1:
+            assert len(work) == 1 and work[0]["dur"] >= 50_000
+            assert trace.inside(work, "aten::mm"), "real matmuls, not a sleep"
+        else:
+            assert work == []
+
+    for rank in (0, 1):
+        dump = pickle.loads((out / f"{FLIGHT_RECORDER_PREFIX}{rank}").read_bytes())
+        reduces = [e for e in dump["entries"] if e["profiling_name"] == "gloo:all_reduce"]
+        seqs = [e["collective_seq_id"] for e in reduces]
+        assert seqs and seqs == sorted(seqs)
 
 
 @pytest.mark.slow
-def test_full_recompute_runs_every_forward_gemm_again_in_backward(ddp_run: Path, pp_run: Path) -> None:
-    for trace in traces(ddp_run):
-        again = trace.inside(trace.backward(), "aten::addmm")
-        # 4 linear layers with bias per block × 4 blocks, each once more
-        assert len(again) == len(trace.named("aten::addmm")) // 2 == 16
-    for trace in traces(pp_run):
-        assert trace.inside(trace.backward(), "aten::addmm") == []
+def test_pipeline_run_with_microbatches_and_selective_recompute(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = run_example(tmp_path, nproc=2, steps=3, pp=2, micro_batch=2, recompute="selective")
+    check_one_trace_per_rank_per_cycle(out, [["ProfilerStep#2"]])
+    check_model_toml(out, tokens_per_step=8 * 64)  # one data-parallel replica
+    check_gemm_rows(out, rows=2 * 64)  # microbatches of 2 sequences
+    check_loader_spans(out, delay_us=0)
+    # 2 blocks per stage × 4 microbatches; no GEMM is recomputed
+    check_recomputed(out, "aten::scaled_dot_product_attention", per_step=8)
+    check_recomputed(out, "aten::addmm", per_step=0)
 
-
-@pytest.mark.slow
-def test_selective_recompute_runs_only_attention_again(pp_run: Path) -> None:
-    for trace in traces(pp_run):
-        attention = trace.named("aten::scaled_dot_product_attention")
-        again = trace.inside(trace.backward(), "aten::scaled_dot_product_attention")
-        # 2 blocks per stage × 4 microbatches, each once in forward and once in backward
-        assert len(again) == len(attention) // 2 == 8
-
-
-@pytest.mark.slow
-def test_pipeline_sends_activations_forward_and_gradients_back(pp_run: Path) -> None:
-    ranks = by_rank(pp_run)
+    ranks = by_rank(out)
     first, last = ranks[0][0], ranks[1][0]
     for trace in (first, last):
-        (step,) = trace.steps()
-        sends, recvs = within(step, trace.named("c10d::send")), within(step, trace.named("c10d::recv_"))
-        assert len(sends) == len(recvs) == 4  # one per microbatch each way
+        assert len(trace.named("c10d::send")) == len(trace.named("c10d::recv_")) == 4  # one per microbatch each way
+        assert trace.named("gloo:send") and trace.named("gloo:recv")
         assert trace.named("c10d::allreduce_") == []  # one replica per stage: no gradient sync
-        # Microbatches of 2 sequences: the GEMMs have 2 × 64 rows.
-        assert {op["args"]["Input Dims"][1][0] for op in trace.named("aten::addmm")} == {128}
     # GPipe: stage 0 sends every activation before it receives the first gradient; stage 1 the reverse.
     assert max(e["ts"] for e in first.named("c10d::send")) < min(e["ts"] for e in first.named("c10d::recv_"))
     assert max(e["ts"] for e in last.named("c10d::recv_")) < min(e["ts"] for e in last.named("c10d::send"))
-    assert first.named("gloo:send") and last.named("gloo:recv")
-    assert tomllib.loads((pp_run / MODEL_FILE).read_text())["model"]["tokens_per_step"] == 8 * 64
 
 
 @pytest.mark.slow
-def test_no_overlap_all_reduces_each_gradient_after_backward(no_overlap_run: Path) -> None:
-    _, all_params = _parameters(ExampleConfig())
-    for trace in traces(no_overlap_run):
+def test_no_overlap_run_all_reduces_each_gradient_after_backward(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = run_example(tmp_path, nproc=2, steps=3, no_overlap=True)
+    check_one_trace_per_rank_per_cycle(out, [["ProfilerStep#2"]])
+    check_recomputed(out, "aten::addmm", per_step=0)
+    _, all_params = _parameters()
+    for trace in traces(out):
         (step,) = trace.steps()
         reduces = within(step, trace.named("gloo:all_reduce"))
         assert len(reduces) == 53  # every parameter tensor on its own
         assert sum(math.prod(r["args"]["Input Dims"][0]) for r in reduces) == all_params
-        backward_end = max(e["ts"] + e["dur"] for e in within(step, trace.backward()))
-        assert min(e["ts"] for e in within(step, trace.named("c10d::allreduce_"))) >= backward_end
+        assert min(e["ts"] for e in within(step, trace.named("c10d::allreduce_"))) >= backward_end(trace, step)
         assert trace.named("DistributedDataParallel.forward") == []
 
 
-@pytest.mark.slow
-def test_flight_recorder_dump_lies_beside_the_traces(ddp_run: Path) -> None:
-    for rank in (0, 1):
-        dump = pickle.loads((ddp_run / f"{FLIGHT_RECORDER_PREFIX}{rank}").read_bytes())
-        reduces = [e for e in dump["entries"] if e["profiling_name"] == "gloo:all_reduce"]
-        assert reduces
-        seqs = [e["collective_seq_id"] for e in reduces]
-        assert seqs == sorted(seqs)
-
-
 TRAIN_SCRIPT = """\
+import sys
+
 import torch
+
+from diag.capture import capture
 
 torch.set_num_threads(1)
 model = torch.nn.Linear(32, 32)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 # A scheduler wraps optimizer.step on the instance; the ProfilerStep must still follow each step.
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
-for _ in range(6):
+
+
+def train_step():
     model(torch.randn(16, 32)).sum().backward()
     optimizer.step()
     optimizer.zero_grad()
     scheduler.step()
+
+
+for _ in range(6):
+    train_step()
+# The script's own capture takes over from the hook, for good.
+with capture(sys.argv[1], wait=0, warmup=1, active=1) as cap:
+    for _ in range(2):
+        train_step()
+        cap.step()
+for _ in range(6):
+    train_step()
 """
 
 
-@pytest.fixture(scope="module")
-def wrapped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("wrapped")
-    script = root / "train.py"
-    script.write_text(TRAIN_SCRIPT)
-    assert run_capture([sys.executable, str(script)], root / "out", active=2) == 0
-    yield root / "out"
-
-
 @pytest.mark.slow
-def test_the_wrapper_makes_each_optimizer_step_a_profiler_step(wrapped_run: Path) -> None:
-    (trace,) = traces(wrapped_run)
+def test_the_wrapper_makes_each_optimizer_step_a_profiler_step(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    status = run_capture([sys.executable, str(script), str(tmp_path / "own")], tmp_path / "out", active=2)
+    assert status == 0
+
+    (trace,) = traces(tmp_path / "out")  # and none after the script's own capture began
     steps = trace.steps()
     assert [s["name"] for s in steps] == ["ProfilerStep#2", "ProfilerStep#3"]
-    optimizer_steps = trace.named("Optimizer.step#SGD.step")
-    assert len(optimizer_steps) == 2
     # Each optimizer step ends inside its own ProfilerStep: the boundary comes after it.
+    optimizer_steps = trace.named("Optimizer.step#SGD.step")
     for step, opt in zip(steps, optimizer_steps, strict=True):
         assert step["ts"] <= opt["ts"] and opt["ts"] + opt["dur"] <= step["ts"] + step["dur"]
     assert "distributedInfo" not in trace.doc  # a single process, no torch.distributed
+
+    (own,) = traces(tmp_path / "own")
+    assert [s["name"] for s in own.steps()] == ["ProfilerStep#1"]

@@ -89,7 +89,12 @@ class PostMortem:
         def ingested(done: int, total: int, path: str) -> None:
             progress(f"ingesting {done}/{total}: {os.path.basename(path)}", done / max(total, 1))
 
-        opened: Opened = open_store(self.path, self.db, self.ingest_opts, progress=ingested)
+        try:
+            opened: Opened = open_store(self.path, self.db, self.ingest_opts, progress=ingested)
+        except duckdb.IOException as e:
+            # DuckDB lets one process hold a file read-write and no other open it at all (DESIGN.md).
+            raise BadInput(self.db or self.path, f"cannot open the store: {e}; close the other diag using it, "
+                           "or open a copy") from e
         self.store = Store(opened.con)
         self.errors = opened.errors
         progress("analyzing: timelines, collectives, ledger, rules", None)

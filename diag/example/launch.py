@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from diag.capture import flight_recorder_env
+from diag.capture import flight_recorder_env, prepare_out_dir
 from diag.errors import ExitCode
 
 RECOMPUTE_CHOICES = ("none", "full", "selective")
@@ -131,8 +131,7 @@ def run_example(out_dir: str | os.PathLike[str], nproc: int = 2, steps: int = 4,
     """
     config = ExampleConfig(steps=steps, **switches)  # type: ignore[arg-type]
     config.check(nproc)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir)
     base_env = dict(os.environ)
     # Before the process groups exist, when NCCL reads them (capture() can only set them later).
     base_env.update(flight_recorder_env(out, base_env))
@@ -161,18 +160,18 @@ def _free_port() -> int:
 
 def _wait_all(ranks: list[subprocess.Popen[bytes]]) -> None:
     """Wait for every rank; when one fails, stop the others (they would wait on it in a collective)."""
+    failed: dict[int, int] = {}
     try:
-        while any(proc.poll() is None for proc in ranks):
-            if any(proc.returncode not in (None, 0) for proc in ranks):
-                break
+        while not failed and any(proc.poll() is None for proc in ranks):
             time.sleep(0.05)
+            failed = {rank: proc.returncode for rank, proc in enumerate(ranks) if proc.returncode not in (None, 0)}
     finally:
         for proc in ranks:
             if proc.poll() is None:
                 proc.terminate()
         for proc in ranks:
             proc.wait()
-    failed = {rank: proc.returncode for rank, proc in enumerate(ranks) if proc.returncode != 0}
+    failed = failed or {rank: proc.returncode for rank, proc in enumerate(ranks) if proc.returncode != 0}
     if failed:
         first = min(failed)
         raise RuntimeError(f"example job: rank {first} exited with status {failed[first]} (its error is above)")

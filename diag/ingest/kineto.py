@@ -13,7 +13,7 @@ cuda_driver, kernel, gpu_memcpy, gpu_memset, gpu_user_annotation, ac2g flows) an
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,32 +27,10 @@ from diag.errors import BadInput
 Number = int | float
 
 
-class _Event(msgspec.Struct):
-    ph: str = ""
-    cat: str | None = None
-    name: str | None = None
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: Number | None = None
-    dur: Number | None = None
-    id: int | str | None = None
-    bp: str | None = None
-    args: msgspec.Raw = msgspec.Raw(b"")
-
-
-class _Doc(msgspec.Struct):
-    traceEvents: list[_Event] = msgspec.field(default_factory=list)
-    schemaVersion: int | None = None
-    deviceProperties: msgspec.Raw = msgspec.Raw(b"")
-    distributedInfo: msgspec.Raw = msgspec.Raw(b"")
-    displayTimeUnit: str | None = None
-    baseTimeNanoseconds: int | None = None
-
-
 _NO_RAW = msgspec.Raw(b"")
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, frozen=True):
     """The `args` keys diag types. Unknown keys are skipped by the decoder (and kept in raw text)."""
 
     external_id: int | None = msgspec.field(default=None, name="External id")
@@ -85,9 +63,61 @@ class _Args(msgspec.Struct):
     out_split: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Out split size")
 
 
-_doc_decoder = msgspec.json.Decoder(_Doc)
-_args_decoder = msgspec.json.Decoder(_Args)
 _EMPTY_ARGS = _Args()
+
+
+class _Event(msgspec.Struct):
+    ph: str = ""
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: Number | None = None
+    dur: Number | None = None
+    id: int | str | None = None
+    args: _Args = _EMPTY_ARGS        # typed in the same C pass as the event
+
+
+class _EventLoose(msgspec.Struct):
+    """The same event with raw args: the fallback when some args key has an unexpected type."""
+
+    ph: str = ""
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: Number | None = None
+    dur: Number | None = None
+    id: int | str | None = None
+    args: msgspec.Raw = _NO_RAW
+
+
+class _RawArgs(msgspec.Struct):
+    """Only the args of each event, as raw JSON text: the `args` column."""
+
+    args: msgspec.Raw = _NO_RAW
+
+
+class _Head(msgspec.Struct):
+    """The document with the events left as raw text: metadata plus where the events are."""
+
+    traceEvents: msgspec.Raw = _NO_RAW
+    schemaVersion: int | None = None
+    deviceProperties: msgspec.Raw = _NO_RAW
+    distributedInfo: msgspec.Raw = _NO_RAW
+    displayTimeUnit: str | None = None
+    baseTimeNanoseconds: int | None = None
+
+
+_head_decoder = msgspec.json.Decoder(_Head)
+_events_decoder = msgspec.json.Decoder(list[_Event])
+_loose_decoder = msgspec.json.Decoder(list[_EventLoose])
+_raw_args_decoder = msgspec.json.Decoder(list[_RawArgs])
+_args_decoder = msgspec.json.Decoder(_Args)
+# Kineto's events are written one object after another: `}`, a comma, `{`. A match inside a
+# string or a nested object is found out by the chunk failing to decode, and skipped.
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
 
 _KERNEL_CATS = frozenset({"kernel", "Kernel"})
 _MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
@@ -98,43 +128,147 @@ _FLOW_PHASES = frozenset({"s", "f", "t"})
 _NOT_CPU_X = frozenset({"Trace", "cuda_sync", "cuda_profiler_range"})
 
 
-@dataclass(frozen=True)
-class KinetoParse:
-    """One file, parsed. Tables carry every column of their schema table except file_id and rank."""
+@dataclass
+class KinetoFile:
+    """What a parse learns about a file beyond its event rows (filled as its chunks are read)."""
 
-    tables: dict[str, pa.Table]
-    n_events: int
     schema_version: int | None
-    schema_era: str
     time_unit: str | None
     base_time_ns: int | None
     device_props: Any
     distributed_info: Any
-    first_ts_ns: int | None
-    last_ts_ns: int | None
     partial: bool
     damage_offset: int | None
-    warnings: tuple[str, ...] = field(default=())
+    warnings: list[str] = field(default_factory=list)
+    n_events: int = 0
+    first_ts_ns: int | None = None
+    last_ts_ns: int | None = None
+    has_gpu: bool = False
+    schema_era: str = "current"
+    kernel_devices: list[int] = field(default_factory=list)
 
-    @property
-    def has_gpu(self) -> bool:
-        return self.tables["kernels"].num_rows > 0 or self.tables["copies"].num_rows > 0
+    def absorb(self, n_events: int, tables: dict[str, pa.Table], era_2021: bool) -> None:
+        self.n_events += n_events
+        lo, hi = _extent(tables)
+        if lo is not None:
+            self.first_ts_ns = lo if self.first_ts_ns is None else min(self.first_ts_ns, lo)
+        if hi is not None:
+            self.last_ts_ns = hi if self.last_ts_ns is None else max(self.last_ts_ns, hi)
+        gpu = tables["kernels"].num_rows + tables["copies"].num_rows
+        if gpu and not self.kernel_devices:
+            col = tables["kernels"] if tables["kernels"].num_rows else tables["copies"]
+            self.kernel_devices = [d for d in col.column("device").to_pylist()[:1] if d is not None]
+        self.has_gpu |= gpu > 0
+        if era_2021:
+            self.schema_era = "2021"
+
+
+@dataclass(frozen=True)
+class KinetoParse:
+    """One file, parsed whole (tests and small files; ingest streams with `read_kineto`)."""
+
+    file: KinetoFile
+    tables: dict[str, pa.Table]
 
 
 def parse_kineto(path: str, data: bytes, salvage: bool = False) -> KinetoParse:
-    doc, damage = _decode(path, data, salvage)
-    warnings: list[str] = []
-    if damage is not None:
-        warnings.append(f"damaged at byte {damage}: kept the {len(doc.traceEvents)} complete events before it")
-    return _tabulate(path, doc, warnings, damage)
+    info, chunks = read_kineto(path, data, salvage)
+    parts = list(chunks)
+    tables = {name: pa.concat_tables([p[name] for p in parts]) if parts else SCHEMAS[name].empty_table()
+              for name in SCHEMAS}
+    return KinetoParse(info, tables)
+
+
+def read_kineto(
+    path: str, data: Any, salvage: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    release: Any = None,
+) -> tuple[KinetoFile, Iterator[dict[str, pa.Table]]]:
+    """The file's metadata, and its event tables one bounded chunk at a time.
+
+    One C pass validates the whole document and finds the events array (left as raw text); then
+    each chunk of about `chunk_bytes` is decoded and tabulated, so memory holds one chunk of
+    Python objects whatever the file's size. `release(start, end)` is told when a byte range of
+    `data` is done with (memory-mapped files drop those pages).
+    """
+    head, damage = _decode_head(path, data, salvage)
+    info = KinetoFile(
+        schema_version=head.schemaVersion, time_unit=head.displayTimeUnit,
+        base_time_ns=head.baseTimeNanoseconds, device_props=_json_or_none(head.deviceProperties),
+        distributed_info=_json_or_none(head.distributedInfo), partial=damage is not None, damage_offset=damage,
+    )
+    return info, _chunks(path, info, head.traceEvents, chunk_bytes, release)
+
+
+def _chunks(
+    path: str, info: KinetoFile, events: msgspec.Raw, chunk_bytes: int, release: Any
+) -> Iterator[dict[str, pa.Table]]:
+    bad = [0]
+    mv = memoryview(events)
+    end = len(mv)
+    while end > 0 and mv[end - 1] != ord("]"):
+        end -= 1
+    end -= 1                                    # the closing bracket
+    pos = 1                                     # after the opening bracket
+    while pos < end and mv[pos] in b" \t\r\n":
+        pos += 1
+    while pos < end:
+        cut, nxt = _cut(mv, pos, end, chunk_bytes)
+        piece = b"[" + mv[pos:cut].tobytes() + b"]"
+        while True:
+            try:
+                evs = _typed_events(piece, bad)
+                break
+            except msgspec.DecodeError:
+                # The boundary fell inside a string or a nested object: take the next one.
+                cut, nxt = _cut(mv, nxt, end, 0)
+                piece = b"[" + mv[pos:cut].tobytes() + b"]"
+        raws = [r.args for r in _raw_args_decoder.decode(piece)]
+        tables, era_2021 = _tabulate(evs, raws)
+        info.absorb(len(evs), tables, era_2021)
+        yield tables
+        if release is not None:
+            release(pos, cut)
+        pos = nxt
+    if bad[0]:
+        info.warnings.append(f"{bad[0]} events had args of an unexpected type; kept raw, typed what fit")
+    if info.partial:
+        info.warnings.append(
+            f"damaged at byte {info.damage_offset}: kept the {info.n_events} complete events before it"
+        )
+
+
+def _cut(mv: memoryview, pos: int, end: int, size: int) -> tuple[int, int]:
+    """(end of this chunk, start of the next) at the first event boundary ≥ pos + size."""
+    if pos + size >= end:
+        return end, end
+    m = _BOUNDARY.search(mv, pos + size, end)  # type: ignore[call-overload]
+    if m is None:
+        return end, end
+    return m.start() + 1, m.end() - 1
+
+
+def _typed_events(piece: bytes, bad: list[int]) -> list[_Event]:
+    try:
+        return _events_decoder.decode(piece)
+    except msgspec.ValidationError:
+        pass
+    try:
+        loose = _loose_decoder.decode(piece)
+    except msgspec.ValidationError as e:
+        raise BadInput("", f"not a Kineto trace: {e}") from None
+    out = []
+    for ev in loose:
+        args = _decode_args([ev.args], bad)[0]
+        out.append(_Event(ev.ph, ev.cat, ev.name, ev.pid, ev.tid, ev.ts, ev.dur, ev.id, args))
+    return out
 
 
 # --------------------------------------------------------------------------- decoding
 
 
-def _decode(path: str, data: bytes, salvage: bool) -> tuple[_Doc, int | None]:
+def _decode_head(path: str, data: Any, salvage: bool) -> tuple[_Head, int | None]:
     try:
-        return _doc_decoder.decode(data), None
+        head = _head_decoder.decode(data)
     except msgspec.ValidationError as e:
         raise BadInput(path, f"not a Kineto trace: {e}") from None
     except RecursionError:
@@ -143,8 +277,10 @@ def _decode(path: str, data: bytes, salvage: bool) -> tuple[_Doc, int | None]:
         offset = _error_offset(e, len(data))
         if not salvage:
             raise BadInput(path, f"{_describe(e, data, offset)}; --salvage keeps the events before it", offset) from None
-        doc = _salvage(path, data, offset)
-        return doc, offset
+        return _salvage(path, data, offset), offset
+    if memoryview(head.traceEvents)[:1].tobytes() != b"[":
+        raise BadInput(path, "not a Kineto trace: traceEvents is not a list", 0)
+    return head, None
 
 
 def _error_offset(e: msgspec.DecodeError, size: int) -> int:
@@ -169,14 +305,14 @@ def _describe(e: msgspec.DecodeError, data: bytes, offset: int) -> str:
 _ELEMENT_END = re.compile(rb"\}\s*,")
 
 
-def _salvage(path: str, data: bytes, offset: int) -> _Doc:
+def _salvage(path: str, data: Any, offset: int) -> _Head:
     start = data.find(b'"traceEvents"')
     if start < 0 or start > offset:
         raise BadInput(path, "damaged before any trace event; nothing to salvage", offset)
     ends = [m.start() for m in _ELEMENT_END.finditer(data, start, offset)]
     for end in reversed(ends[-64:]):
         try:
-            return _doc_decoder.decode(data[: end + 1] + b"]}")
+            return _head_decoder.decode(data[: end + 1] + b"]}")
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             continue
     raise BadInput(path, "damaged before the first complete trace event; nothing to salvage", offset)
@@ -298,43 +434,46 @@ def _lenient_args(raw: msgspec.Raw) -> _Args:
     return msgspec.structs.replace(_EMPTY_ARGS, **kept)
 
 
-class _Routed:
-    """Events of one file, sorted by the table they belong to."""
+class _Bucket:
+    """Events of one destination table, with each event's raw args text beside it."""
+
+    __slots__ = ("events", "raws")
 
     def __init__(self) -> None:
-        self.kernels: list[_Event] = []
-        self.memcpy: list[_Event] = []
-        self.memset: list[_Event] = []
-        self.gpu_ann: list[_Event] = []
-        self.runtime: list[_Event] = []
-        self.cpu: list[_Event] = []
-        self.flows: list[_Event] = []
-        self.other: list[_Event] = []
+        self.events: list[_Event] = []
+        self.raws: list[msgspec.Raw] = []
+
+    def add(self, ev: _Event, raw: msgspec.Raw) -> None:
+        self.events.append(ev)
+        self.raws.append(raw)
 
 
-def _route(events: list[_Event]) -> _Routed:
-    r = _Routed()
-    for ev in events:
+def _route(events: list[_Event], raws: list[msgspec.Raw]) -> dict[str, _Bucket]:
+    r = {k: _Bucket() for k in ("kernels", "memcpy", "memset", "gpu_ann", "runtime", "cpu", "flows", "other")}
+    for ev, raw in zip(events, raws, strict=True):
         ph, cat = ev.ph, ev.cat
         if ph == "X" and ev.ts is not None and cat not in _NOT_CPU_X:
             if cat in _KERNEL_CATS:
-                r.kernels.append(ev)
+                key = "kernels"
             elif cat in _MEMCPY_CATS:
-                r.memcpy.append(ev)
+                key = "memcpy"
             elif cat in _MEMSET_CATS:
-                r.memset.append(ev)
+                key = "memset"
             elif cat == "gpu_user_annotation":
-                r.gpu_ann.append(ev)
-            elif _int_or_none(ev.pid) is None or _int_or_none(ev.tid) is None:
-                r.other.append(ev)
+                key = "gpu_ann"
+            elif not (type(ev.pid) is int and type(ev.tid) is int) and (
+                _int_or_none(ev.pid) is None or _int_or_none(ev.tid) is None
+            ):
+                key = "other"
             elif cat in _RUNTIME_CATS or (cat or "").endswith(("_runtime", "_driver")):
-                r.runtime.append(ev)
+                key = "runtime"
             else:
-                r.cpu.append(ev)
+                key = "cpu"
         elif ph in _FLOW_PHASES:
-            r.flows.append(ev)
+            key = "flows"
         else:
-            r.other.append(ev)
+            key = "other"
+        r[key].add(ev, raw)
     return r
 
 
@@ -342,30 +481,33 @@ def _ext(a: _Args) -> int | None:
     return a.external_id if a.external_id is not None else a.external_id_2021
 
 
-def _common(evs: list[_Event], args: list[_Args]) -> dict[str, Any]:
+def _common(b: _Bucket) -> dict[str, Any]:
+    evs = b.events
     return {
         "name": [e.name for e in evs],
         "ts_ns": _ns_array([e.ts for e in evs]),
         "dur_ns": _ns_array([e.dur or 0 for e in evs]),
-        "external_id": [_ext(a) for a in args],
-        "args": [_text(e.args) for e in evs],
+        "external_id": [_ext(e.args) for e in evs],
+        "args": [bytes(r) if len(r) else None for r in b.raws],
     }
 
 
-def _gpu_columns(evs: list[_Event], args: list[_Args]) -> dict[str, Any]:
+def _gpu_columns(b: _Bucket) -> dict[str, Any]:
     # Kineto puts the device and stream in args and as the GPU row's pid/tid; the 2021 schema
     # only in pid/tid.
+    evs = b.events
     return {
-        **_common(evs, args),
-        "device": [a.device if a.device is not None else _int_or_none(e.pid) for e, a in zip(evs, args, strict=True)],
-        "stream": [a.stream if a.stream is not None else _int_or_none(e.tid) for e, a in zip(evs, args, strict=True)],
-        "correlation": [a.correlation for a in args],
+        **_common(b),
+        "device": [e.args.device if e.args.device is not None else _int_or_none(e.pid) for e in evs],
+        "stream": [e.args.stream if e.args.stream is not None else _int_or_none(e.tid) for e in evs],
+        "correlation": [e.args.correlation for e in evs],
     }
 
 
-def _host_columns(evs: list[_Event], args: list[_Args]) -> dict[str, Any]:
+def _host_columns(b: _Bucket) -> dict[str, Any]:
+    evs = b.events
     return {
-        **_common(evs, args),
+        **_common(b),
         "cat": [e.cat for e in evs],
         "pid": [_int_or_none(e.pid) for e in evs],
         "tid": [_int_or_none(e.tid) for e in evs],
@@ -381,9 +523,10 @@ def _table(name: str, cols: dict[str, Any]) -> pa.Table:
     )
 
 
-def _collective_rows(source: str, evs: list[_Event], args: list[_Args]) -> dict[str, list[Any]]:
+def _collective_rows(source: str, evs: list[_Event]) -> dict[str, list[Any]]:
     rows: dict[str, list[Any]] = {f.name: [] for f in SCHEMAS["collective_args"]}
-    for e, a in zip(evs, args, strict=True):
+    for e in evs:
+        a = e.args
         if a.collective is None:
             continue
         ranks, truncated = parse_pg_ranks(_raw_str(a.pg_ranks), a.group_size, a.rank_start, a.rank_stride)
@@ -404,84 +547,65 @@ def _raw_str(r: msgspec.Raw) -> str | None:
     return bytes(r).decode("utf-8", "replace") if len(r) else None
 
 
-def _tabulate(path: str, doc: _Doc, warnings: list[str], damage: int | None) -> KinetoParse:
-    r = _route(doc.traceEvents)
-    bad = [0]
+def _tabulate(events: list[_Event], raws: list[msgspec.Raw]) -> tuple[dict[str, pa.Table], bool]:
+    """One chunk's events → one Arrow table per destination; and whether it is the 2021 schema."""
+    r = _route(events, raws)
     tables: dict[str, pa.Table] = {}
 
-    k_args = _decode_args([e.args for e in r.kernels], bad)
-    kc = _gpu_columns(r.kernels, k_args)
-    kc["grid"] = [_text(a.grid) for a in k_args]
-    kc["block"] = [_text(a.block) for a in k_args]
+    kc = _gpu_columns(r["kernels"])
+    kc["grid"] = [_text(e.args.grid) for e in r["kernels"].events]
+    kc["block"] = [_text(e.args.block) for e in r["kernels"].events]
     tables["kernels"] = _table("kernels", kc)
 
-    copies = r.memcpy + r.memset
-    c_args = _decode_args([e.args for e in copies], bad)
-    cc = _gpu_columns(copies, c_args)
-    cc["kind"] = ["memcpy"] * len(r.memcpy) + ["memset"] * len(r.memset)
-    cc["bytes"] = [a.bytes for a in c_args]
+    copies = _Bucket()
+    copies.events = r["memcpy"].events + r["memset"].events
+    copies.raws = r["memcpy"].raws + r["memset"].raws
+    cc = _gpu_columns(copies)
+    cc["kind"] = ["memcpy"] * len(r["memcpy"].events) + ["memset"] * len(r["memset"].events)
+    cc["bytes"] = [e.args.bytes for e in copies.events]
     tables["copies"] = _table("copies", cc)
 
-    g_args = _decode_args([e.args for e in r.gpu_ann], bad)
-    tables["gpu_annotations"] = _table("gpu_annotations", _gpu_columns(r.gpu_ann, g_args))
+    tables["gpu_annotations"] = _table("gpu_annotations", _gpu_columns(r["gpu_ann"]))
 
-    rt_args = _decode_args([e.args for e in r.runtime], bad)
-    rc = _host_columns(r.runtime, rt_args)
-    rc["correlation"] = [a.correlation for a in rt_args]
-    rc["cbid"] = [a.cbid for a in rt_args]
+    rc = _host_columns(r["runtime"])
+    rc["correlation"] = [e.args.correlation for e in r["runtime"].events]
+    rc["cbid"] = [e.args.cbid for e in r["runtime"].events]
     tables["runtime_calls"] = _table("runtime_calls", rc)
 
-    cpu_args = _decode_args([e.args for e in r.cpu], bad)
-    pc = _host_columns(r.cpu, cpu_args)
-    pc["seq_num"] = [a.seq_num for a in cpu_args]
-    pc["fwd_tid"] = [a.fwd_tid for a in cpu_args]
-    pc["input_dims"] = [_text(a.input_dims) for a in cpu_args]
-    pc["input_types"] = [_text(a.input_types) for a in cpu_args]
-    pc["trace_flops"] = [a.flops for a in cpu_args]
+    cpu = r["cpu"].events
+    pc = _host_columns(r["cpu"])
+    pc["seq_num"] = [e.args.seq_num for e in cpu]
+    pc["fwd_tid"] = [e.args.fwd_tid for e in cpu]
+    pc["input_dims"] = [_text(e.args.input_dims) for e in cpu]
+    pc["input_types"] = [_text(e.args.input_types) for e in cpu]
+    pc["trace_flops"] = [e.args.flops for e in cpu]
     tables["cpu_ops"] = _table("cpu_ops", pc)
 
-    fl = r.flows
+    fl = r["flows"]
     tables["flows"] = _table("flows", {
-        "cat": [e.cat for e in fl], "name": [e.name for e in fl], "ph": [e.ph for e in fl],
-        "flow_id": [None if e.id is None else str(e.id) for e in fl],
-        "pid": [_int_or_none(e.pid) for e in fl], "tid": [_int_or_none(e.tid) for e in fl],
-        "ts_ns": _ns_array([e.ts for e in fl]), "args": [_text(e.args) for e in fl],
+        "cat": [e.cat for e in fl.events], "name": [e.name for e in fl.events], "ph": [e.ph for e in fl.events],
+        "flow_id": [None if e.id is None else str(e.id) for e in fl.events],
+        "pid": [_int_or_none(e.pid) for e in fl.events], "tid": [_int_or_none(e.tid) for e in fl.events],
+        "ts_ns": _ns_array([e.ts for e in fl.events]), "args": [_text(x) for x in fl.raws],
     })
-    ot = r.other
+    ot = r["other"]
     tables["other_events"] = _table("other_events", {
-        "ph": [e.ph for e in ot], "cat": [e.cat for e in ot], "name": [e.name for e in ot],
-        "pid": [None if e.pid is None else str(e.pid) for e in ot],
-        "tid": [None if e.tid is None else str(e.tid) for e in ot],
-        "ts_ns": _ns_array([e.ts for e in ot]), "dur_ns": _ns_array([e.dur for e in ot]),
-        "args": [_text(e.args) for e in ot],
+        "ph": [e.ph for e in ot.events], "cat": [e.cat for e in ot.events], "name": [e.name for e in ot.events],
+        "pid": [None if e.pid is None else str(e.pid) for e in ot.events],
+        "tid": [None if e.tid is None else str(e.tid) for e in ot.events],
+        "ts_ns": _ns_array([e.ts for e in ot.events]), "dur_ns": _ns_array([e.dur for e in ot.events]),
+        "args": [_text(x) for x in ot.raws],
     })
 
-    coll = _collective_rows("cpu_op", r.cpu, cpu_args)
-    for k, v in _collective_rows("kernel", r.kernels, k_args).items():
+    coll = _collective_rows("cpu_op", cpu)
+    for k, v in _collective_rows("kernel", r["kernels"].events).items():
         coll[k].extend(v)
     coll["ts_ns"] = _ns_array(coll["ts_ns"])
     coll["dur_ns"] = _ns_array(coll["dur_ns"])
     tables["collective_args"] = _table("collective_args", coll)
 
-    if bad[0]:
-        warnings.append(f"{bad[0]} events had args of an unexpected type; kept raw, typed what fit")
-    first, last = _extent(tables)
-    era_2021 = any(e.cat in _CATS_2021 for e in r.kernels[:1] + r.runtime[:1] + r.cpu[:1])
-    return KinetoParse(
-        tables=tables,
-        n_events=len(doc.traceEvents),
-        schema_version=doc.schemaVersion,
-        schema_era="2021" if era_2021 else "current",
-        time_unit=doc.displayTimeUnit,
-        base_time_ns=doc.baseTimeNanoseconds,
-        device_props=_json_or_none(doc.deviceProperties),
-        distributed_info=_json_or_none(doc.distributedInfo),
-        first_ts_ns=first,
-        last_ts_ns=last,
-        partial=damage is not None,
-        damage_offset=damage,
-        warnings=tuple(warnings),
-    )
+    sample = r["kernels"].events[:1] + r["runtime"].events[:1] + cpu[:1]
+    return tables, any(e.cat in _CATS_2021 for e in sample)
 
 
 _CATS_2021 = frozenset({"Kernel", "Runtime", "Operator"})

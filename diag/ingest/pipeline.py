@@ -1,27 +1,32 @@
-"""`diag ingest`: files → parse (in worker processes, one per file) → DuckDB (one writer).
+"""`diag ingest`: files → parse → DuckDB, one transaction per file, memory bounded per file.
 
-Each file is parsed in a worker process (ranks in parallel) and written by the parent in its own
-transaction, so a bad file leaves nothing behind and never blocks the good ones. A file whose
-content hash is already in the store adds 0 rows.
+A file is parsed in chunks (kineto.read_kineto). With one worker the chunks stream straight into
+the store; with several, each worker process parses whole files and spills their chunks to
+Parquet, which the parent (the one writer DuckDB allows) loads in one transaction per file. A bad
+file leaves nothing behind and never blocks the good ones; a file whose content hash is already in
+the store adds 0 rows.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from diag import store
 from diag.errors import BadInput
 from diag.ingest.discover import discover, rank_from_name
-from diag.ingest.kineto import device_props_for, parse_kineto, rank_from_distributed_info
+from diag.ingest.kineto import SCHEMAS, device_props_for, rank_from_distributed_info, read_kineto
 from diag.ingest.source import DEFAULT_MAX_BYTES, read_source
 
 
@@ -34,16 +39,19 @@ class IngestOptions:
 
 
 @dataclass(frozen=True)
-class Parsed:
-    path: str
-    file_row: dict[str, Any]
-    tables: dict[str, pa.Table]
-
-
-@dataclass(frozen=True)
 class Skipped:
     path: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Spilled:
+    """A file parsed in a worker: its row, and its tables as Parquet files to load."""
+
+    path: str
+    file_row: dict[str, Any]
+    parquet: dict[str, str]
+    spill_dir: str
 
 
 @dataclass
@@ -54,23 +62,36 @@ class IngestResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def parse_file(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool) -> Parsed | Skipped:
-    """Read, detect and parse one file. Runs in a worker process: touches no database."""
+class Sink(Protocol):
+    rank: int | None
+
+    def add(self, tables: dict[str, pa.Table]) -> None: ...
+
+
+def parse_into(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool, sink: Sink) -> dict[str, Any] | Skipped:
+    """Read, detect and parse one file, pushing its tables into `sink` as they are parsed (its
+    rank set first). Returns the file's trace_files row, or why it was skipped."""
     src = read_source(path, opts.max_bytes)
     if src.content_hash in known:
         return Skipped(path, "already ingested (same content)")
     from diag.ingest import nccl
 
-    kind = nccl.detect_kind(src.data[:65536])
+    kind = nccl.detect_kind(bytes(src.data[:65536]))
     if kind is not None:
-        return _parsed_nccl(path, nccl.parse_nccl_file(path, src.data, rank=opts.rank), src.content_hash)
-    if b'"traceEvents"' not in src.data:
+        p = nccl.parse_nccl_file(path, bytes(src.data), rank=opts.rank)
+        row = {"path": path, "content_hash": src.content_hash, "kind": p.kind, "rank": p.rank,
+               "rank_source": p.rank_source, "n_events": p.table.num_rows, "has_gpu": False, "partial": False,
+               "warnings": list(p.warnings)}
+        sink.rank = p.rank
+        sink.add({"nccl_ops": p.table})
+        return row
+    if src.data.find(b'"traceEvents"') < 0:
         if explicit:
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)
         return Skipped(path, "not a trace (no traceEvents)")
-    k = parse_kineto(path, src.data, salvage=opts.salvage)
-    warnings = list(k.warnings)
-    rank, world, backend = rank_from_distributed_info(k.distributed_info)
+    info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release)
+    warnings: list[str] = []
+    rank, world, backend = rank_from_distributed_info(info.distributed_info)
     source = "distributedInfo"
     if rank is None and opts.rank is not None:
         rank, source = opts.rank, "option"
@@ -84,50 +105,62 @@ def parse_file(path: str, known: frozenset[str], opts: IngestOptions, explicit: 
                 "name it rank-N.json or pass --rank N",
             )
         warnings.append(f"rank {rank} taken from the file name (no distributedInfo.rank)")
-    if not k.has_gpu:
+    sink.rank = rank
+    for tables in chunks:
+        sink.add(tables)
+    if not info.has_gpu:
         warnings.append("no GPU activity (kernels, memcpy, memset): CPU-only or an unsupported accelerator")
-    devices = k.tables["kernels"].column("device").to_pylist()[:1] or k.tables["copies"].column("device").to_pylist()[:1]
-    dev = device_props_for(k.device_props, devices)
-    row = {
-        "path": path,
-        "content_hash": src.content_hash,
-        "kind": "kineto",
-        "rank": rank,
-        "rank_source": source,
-        "world_size": world,
-        "backend": backend,
-        "device_name": None if dev is None else dev.get("name"),
-        "device_props": k.device_props,
-        "distributed_info": k.distributed_info,
-        "schema_version": k.schema_version,
-        "schema_era": k.schema_era,
-        "time_unit": k.time_unit,
-        "base_time_ns": k.base_time_ns,
-        "first_ts_ns": k.first_ts_ns,
-        "last_ts_ns": k.last_ts_ns,
-        "n_events": k.n_events,
-        "has_gpu": k.has_gpu,
-        "partial": k.partial,
-        "damage_offset": k.damage_offset,
-        "warnings": warnings,
+    dev = device_props_for(info.device_props, info.kernel_devices)
+    return {
+        "path": path, "content_hash": src.content_hash, "kind": "kineto", "rank": rank, "rank_source": source,
+        "world_size": world, "backend": backend, "device_name": None if dev is None else dev.get("name"),
+        "device_props": info.device_props, "distributed_info": info.distributed_info,
+        "schema_version": info.schema_version, "schema_era": info.schema_era, "time_unit": info.time_unit,
+        "base_time_ns": info.base_time_ns, "first_ts_ns": info.first_ts_ns, "last_ts_ns": info.last_ts_ns,
+        "n_events": info.n_events, "has_gpu": info.has_gpu, "partial": info.partial,
+        "damage_offset": info.damage_offset, "warnings": warnings + info.warnings,
     }
-    return Parsed(path, row, k.tables)
 
 
-def _parsed_nccl(path: str, p: Any, content_hash: str) -> Parsed:
-    table: pa.Table = p.table
-    row = {
-        "path": path,
-        "content_hash": content_hash,
-        "kind": p.kind,
-        "rank": p.rank,
-        "rank_source": p.rank_source,
-        "n_events": table.num_rows,
-        "has_gpu": False,
-        "partial": False,
-        "warnings": list(p.warnings),
-    }
-    return Parsed(path, row, {"nccl_ops": table})
+class _ParquetSpill:
+    """A worker's sink: each table's chunks appended to one Parquet file."""
+
+    def __init__(self) -> None:
+        self.rank: int | None = None
+        self.dir = tempfile.mkdtemp(prefix="diag-spill-")
+        self.writers: dict[str, pq.ParquetWriter] = {}
+
+    def __enter__(self) -> _ParquetSpill:
+        return self
+
+    def add(self, tables: dict[str, pa.Table]) -> None:
+        for name, t in tables.items():
+            if t.num_rows:
+                if name not in self.writers:
+                    self.writers[name] = pq.ParquetWriter(os.path.join(self.dir, f"{name}.parquet"), t.schema,
+                                                          compression="none")
+                self.writers[name].write_table(t)
+
+    def __exit__(self, *exc: object) -> None:
+        for w in self.writers.values():
+            w.close()
+        if exc[0] is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _spill_file(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool) -> Spilled | Skipped | BadInput:
+    """Worker process entry: parse one file into Parquet. Touches no database."""
+    try:
+        with _ParquetSpill() as spill:
+            out = parse_into(path, known, opts, explicit, spill)
+    except BadInput as e:
+        return e
+    except MemoryError:
+        return BadInput(path, "out of memory while parsing; lower --max-bytes or free memory")
+    if isinstance(out, Skipped):
+        shutil.rmtree(spill.dir, ignore_errors=True)
+        return out
+    return Spilled(path, out, {n: os.path.join(spill.dir, f"{n}.parquet") for n in spill.writers}, spill.dir)
 
 
 def ingest(
@@ -139,92 +172,117 @@ def ingest(
     files, explicit = discover(paths)
     if opts.rank is not None and len(files) > 1:
         raise BadInput(paths[0], "--rank names the rank of one file; it was given with several")
-    known = store.known_hashes(con)
+    known = frozenset(store.known_hashes(con))
     result = IngestResult()
-    seen: dict[str, str] = dict(known)
-    for i, outcome in enumerate(_parse_all(files, frozenset(known), opts, frozenset(explicit))):
-        path = files[i]
+    seen: dict[str, str] = store.known_hashes(con)
+    jobs = min(opts.jobs or os.cpu_count() or 1, len(files))
+    outcomes = _in_process(files, con, known, opts, explicit, seen) if jobs <= 1 else \
+        _in_workers(files, con, known, opts, explicit, seen, jobs)
+    for i, (path, outcome) in enumerate(outcomes):
         if progress:
             progress(i + 1, len(files), path)
         if isinstance(outcome, BadInput):
             result.errors.append(outcome)
         elif isinstance(outcome, Skipped):
             result.skipped.append(outcome)
-        elif outcome.file_row["content_hash"] in seen:
-            result.skipped.append(Skipped(path, f"same content as {seen[outcome.file_row['content_hash']]}"))
         else:
-            outcome.file_row["path"] = path
-            try:
-                _check_window(con, outcome)
-                file_id = store.write_file(con, outcome.file_row, outcome.tables)
-            except BadInput as e:
-                result.errors.append(e)
-                continue
-            seen[outcome.file_row["content_hash"]] = path
-            result.ingested.append((path, file_id))
-            result.warnings.extend(f"{path}: {w}" for w in outcome.file_row.get("warnings") or [])
+            result.ingested.append((path, outcome[0]))
+            result.warnings.extend(f"{path}: {w}" for w in outcome[1])
     _number_windows(con)
     return result
 
 
-def _parse_all(
-    files: list[str], known: frozenset[str], opts: IngestOptions, explicit: frozenset[str]
-) -> Iterator[Parsed | Skipped | BadInput]:
-    """Parse outcomes in the order of `files`; at most 2 per worker in flight, to bound memory."""
-    jobs = min(opts.jobs or os.cpu_count() or 1, len(files))
-    if jobs <= 1:
-        for f in files:
-            yield _safe_parse(f, known, opts, f in explicit)
-        return
+Outcome = tuple[int, list[str]] | Skipped | BadInput   # (file_id, warnings)
+
+
+def _in_process(
+    files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
+    explicit: list[str], seen: dict[str, str],
+) -> Iterator[tuple[str, Outcome]]:
+    for path in files:
+        try:
+            with store.FileWriter(con) as w:
+                out = parse_into(path, known, opts, path in explicit, w)
+                result = out if isinstance(out, Skipped) else _commit(con, out, seen, w)
+        except BadInput as e:
+            result = e
+        yield path, result
+
+
+def _in_workers(
+    files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
+    explicit: list[str], seen: dict[str, str], jobs: int,
+) -> Iterator[tuple[str, Outcome]]:
+    """Parse in `jobs` spawned processes, at most two files per worker in flight (bounded spill)."""
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        pending: list[Future[Parsed | Skipped | BadInput]] = []
+        pending: list[tuple[str, Future[Spilled | Skipped | BadInput]]] = []
         nxt = 0
         for _ in range(len(files)):
             while nxt < len(files) and len(pending) < 2 * jobs:
                 f = files[nxt]
-                pending.append(pool.submit(_safe_parse, f, known, opts, f in explicit))
+                pending.append((f, pool.submit(_spill_file, f, known, opts, f in explicit)))
                 nxt += 1
-            yield pending.pop(0).result()
+            path, fut = pending.pop(0)
+            res = fut.result()
+            if not isinstance(res, Spilled):
+                yield path, res
+                continue
+            try:
+                with store.FileWriter(con) as w:
+                    w.rank = res.file_row["rank"]
+                    for name, parquet in res.parquet.items():
+                        w.add_parquet(name, parquet, SCHEMAS[name] if name in SCHEMAS else pq.read_schema(parquet))
+                    result: Outcome = _commit(con, res.file_row, seen, w)
+            except BadInput as e:
+                result = e
+            finally:
+                shutil.rmtree(res.spill_dir, ignore_errors=True)
+            yield path, result
 
 
-def _safe_parse(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool) -> Parsed | Skipped | BadInput:
-    try:
-        return parse_file(path, known, opts, explicit)
-    except BadInput as e:
-        return e
-    except MemoryError:
-        return BadInput(path, "out of memory while parsing; lower --max-bytes or free memory")
+def _commit(con: duckdb.DuckDBPyConnection, row: dict[str, Any], seen: dict[str, str], w: store.FileWriter) -> Outcome:
+    """Finish a file's transaction, unless it duplicates one already in or clashes with one (then
+    the writer's `with` block rolls it back)."""
+    if row["content_hash"] in seen:
+        return Skipped(row["path"], f"same content as {seen[row['content_hash']]}")
+    _check_window(con, row)
+    file_id = w.finish(row)
+    seen[row["content_hash"]] = row["path"]
+    return file_id, list(row.get("warnings") or [])
 
 
-def _check_window(con: duckdb.DuckDBPyConnection, p: Parsed) -> None:
+def _check_window(con: duckdb.DuckDBPyConnection, row: dict[str, Any]) -> None:
     """Two different files claiming the same rank over overlapping time are an error naming both."""
-    row = p.file_row
     if row["kind"] != "kineto" or row["rank"] is None or row["first_ts_ns"] is None:
         return
     clash = con.execute(
         "SELECT path FROM trace_files WHERE kind = 'kineto' AND rank = ? "
         "AND first_ts_ns <= ? AND last_ts_ns >= ? LIMIT 1",
         [row["rank"], row["last_ts_ns"], row["first_ts_ns"]],
-    ).fetchone()
+    ).fetchall()
     if clash:
         raise BadInput(
-            p.path,
-            f"claims rank {row['rank']} over the same capture window as {clash[0]} "
+            row["path"],
+            f"claims rank {row['rank']} over the same capture window as {clash[0][0]} "
             "(two different traces of one rank and time); ingest one of them",
         )
 
 
 def _number_windows(con: duckdb.DuckDBPyConnection) -> None:
     """Several files of one rank are separate capture windows, numbered by their first timestamp."""
-    con.execute(
-        """
-        UPDATE trace_files AS t SET capture_window = w.n
-        FROM (SELECT file_id, dense_rank() OVER (PARTITION BY rank ORDER BY first_ts_ns) - 1 AS n
-              FROM trace_files WHERE kind = 'kineto') AS w
-        WHERE t.file_id = w.file_id
-        """
-    )
+    rows = con.execute(
+        "SELECT file_id, rank, capture_window FROM trace_files WHERE kind = 'kineto' ORDER BY rank, first_ts_ns"
+    ).fetchall()
+    n: dict[int, int] = {}
+    changes = []
+    for file_id, rank, window in rows:
+        w = n.get(rank, 0)
+        n[rank] = w + 1
+        if window != w:
+            changes.append((w, file_id))
+    if changes:
+        con.executemany("UPDATE trace_files SET capture_window = ? WHERE file_id = ?", changes)
 
 
 def print_progress_factory() -> Callable[[int, int, str], None] | None:

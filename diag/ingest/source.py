@@ -1,11 +1,18 @@
-"""Reading a trace file's bytes safely: gzip with a cap on the decompressed size, and a content hash."""
+"""Reading a trace file's bytes safely: gzip with a cap on the decompressed size, a content hash,
+and memory that stays bounded for big files (they are memory-mapped, never read whole).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
+import tempfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from diag.errors import BadInput
 
@@ -13,60 +20,128 @@ from diag.errors import BadInput
 # trace we have seen and small enough that a gzip bomb (1 GB of zeros packs to ~1 MB) is refused
 # long before it exhausts memory. `--max-bytes` changes it.
 DEFAULT_MAX_BYTES = 8 * 1024**3
+# Files up to this size are read into memory; larger ones are memory-mapped (gzip: inflated to
+# a temporary file first), so the parse holds only a bounded window of them at a time.
+IN_MEMORY_BYTES = 64 * 1024**2
 _CHUNK = 16 * 1024 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
+
+Buffer = bytes | mmap.mmap
 
 
 @dataclass(frozen=True)
 class SourceBytes:
     path: str
-    data: bytes          # decompressed content
-    content_hash: str    # blake2b-128 of `data`: the same trace gzipped or not is the same content
+    data: Buffer          # decompressed content (bytes, or a read-only map of it)
+    content_hash: str     # sha256 of the decompressed bytes: the same trace gzipped or not is one content
     compressed: bool
+
+    def release(self, start: int, end: int) -> None:
+        """Tell the kernel a mapped range is done with (drops it from RSS); no-op in memory."""
+        if isinstance(self.data, mmap.mmap) and end > start:
+            page = mmap.PAGESIZE
+            lo = (start // page) * page
+            self.data.madvise(mmap.MADV_DONTNEED, lo, min(end, len(self.data)) - lo)
 
 
 def read_source(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> SourceBytes:
     """Read and (if gzip) decompress a file, refusing empty files, corrupt gzip and bombs."""
     p = str(path)
     try:
-        raw = Path(p).read_bytes()
+        size = os.path.getsize(p)
+        f = open(p, "rb")  # noqa: SIM115 - closed below, or owned by the map
     except OSError as e:
         raise BadInput(p, f"cannot read: {e.strerror or e}") from None
-    if not raw:
-        raise BadInput(p, "empty file", 0)
-    compressed = raw[:2] == _GZIP_MAGIC
-    data = _gunzip(p, raw, max_bytes) if compressed else raw
-    if len(data) > max_bytes:
-        raise BadInput(p, f"larger than the {max_bytes} byte cap (raise it with --max-bytes)")
-    if not data.strip():
+    with f:
+        head = f.read(2)
+        if size == 0:
+            raise BadInput(p, "empty file", 0)
+        f.seek(0)
+        compressed = head == _GZIP_MAGIC
+        if compressed:
+            data, digest = _gunzip(p, f, size, max_bytes)
+        elif size > max_bytes:
+            raise BadInput(p, f"larger than the {max_bytes} byte cap (raise it with --max-bytes)")
+        elif size > IN_MEMORY_BYTES:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            digest = _hash_chunks(_slices(data))
+        else:
+            data = f.read()
+            digest = hashlib.sha256(data).hexdigest()
+    if not data[:4096].strip() and not bytes(data).strip():
         raise BadInput(p, "empty trace (only whitespace)", 0)
-    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
     return SourceBytes(p, data, digest, compressed)
 
 
-def _gunzip(path: str, raw: bytes, max_bytes: int) -> bytes:
-    # zlib with wbits=47 reads gzip (and concatenated members via unused_data). max_length bounds
-    # each step, so a bomb is stopped at the cap instead of being inflated whole.
-    out = bytearray()
+def _slices(data: Buffer) -> Iterator[memoryview]:
+    mv = memoryview(data)
+    for i in range(0, len(mv), _CHUNK):
+        yield mv[i : i + _CHUNK]
+
+
+def _hash_chunks(chunks: Iterator[memoryview | bytes]) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+
+
+def _gunzip(path: str, f: IO[bytes], size: int, max_bytes: int) -> tuple[Buffer, str]:
+    """Inflate in bounded steps (zlib max_length), so a bomb stops at the cap instead of being
+    inflated whole. Concatenated members (`cat a.gz b.gz`) are read one after another. Big
+    outputs go to an unlinked temporary file that is then mapped."""
+    h = hashlib.sha256()
+    sink: IO[bytes] | None = None
+    parts: list[bytes] = []
+    total = 0
+    consumed = 0
     d = zlib.decompressobj(wbits=47)
-    buf = raw
-    while True:
-        try:
-            chunk = d.decompress(buf, _CHUNK)
-        except zlib.error as e:
-            raise BadInput(path, f"corrupt gzip: {e}", len(raw) - len(d.unconsumed_tail)) from None
-        out += chunk
-        if len(out) > max_bytes:
-            raise BadInput(
-                path, f"decompresses to more than the {max_bytes} byte cap (raise it with --max-bytes)"
-            )
-        buf = d.unconsumed_tail
-        if d.eof:
-            if d.unused_data.strip(b"\x00"):  # another gzip member follows
-                buf = d.unused_data
-                d = zlib.decompressobj(wbits=47)
-                continue
-            break
-        if not buf and not chunk:
-            raise BadInput(path, "truncated gzip stream (the file was cut off while being written)", len(raw))
-    return bytes(out)
+    buf = b""
+    eof_input = False
+    try:
+        while True:
+            if not buf and not eof_input:
+                buf = f.read(_CHUNK)
+                consumed += len(buf)
+                eof_input = not buf
+            try:
+                chunk = d.decompress(buf, _CHUNK)
+            except zlib.error as e:
+                raise BadInput(path, f"corrupt gzip: {e}", consumed - len(buf)) from None
+            buf = d.unconsumed_tail
+            if chunk:
+                total += len(chunk)
+                if total > max_bytes:
+                    raise BadInput(
+                        path, f"decompresses to more than the {max_bytes} byte cap (raise it with --max-bytes)"
+                    )
+                h.update(chunk)
+                if sink is None and total > IN_MEMORY_BYTES:
+                    sink = tempfile.TemporaryFile()
+                    for part in parts:
+                        sink.write(part)
+                    parts = []
+                if sink is not None:
+                    sink.write(chunk)
+                else:
+                    parts.append(chunk)
+            if d.eof:
+                rest = d.unused_data
+                if not rest.strip(b"\x00") and not eof_input:
+                    rest = f.read(_CHUNK)
+                    consumed += len(rest)
+                    eof_input = not rest
+                if rest.strip(b"\x00"):  # another gzip member follows
+                    d = zlib.decompressobj(wbits=47)
+                    buf = rest
+                    continue
+                break
+            if not chunk and not buf and eof_input:
+                raise BadInput(path, "truncated gzip stream (the file was cut off while being written)", size)
+        if sink is None:
+            return b"".join(parts), h.hexdigest()
+        sink.flush()
+        return mmap.mmap(sink.fileno(), 0, access=mmap.ACCESS_READ), h.hexdigest()
+    finally:
+        if sink is not None:
+            sink.close()  # the map keeps the (unlinked) file's pages alive

@@ -98,25 +98,27 @@ LIMIT $limit;
 
 -- name: collective_instances
 -- The instances of one group row, the longest wait first: who was last, and how long the others waited.
-SELECT instance, min(step) AS step, count(*) AS ranks, max(msg_bytes) AS msg_bytes,
-       max(end_ns - ts_ns) AS max_dur_ns, max(wait_ns) AS max_wait_ns, sum(wait_ns) AS wait_ns,
-       any_value(last_rank) AS last_rank, median(busbw_gbps) AS busbw_gbps, min(aligned_ts_ns) AS aligned_ts_ns,
-       max(aligned_end_ns) AS aligned_end_ns
-FROM collectives
-WHERE pg_name IS NOT DISTINCT FROM $pg_name AND collective IS NOT DISTINCT FROM $collective
-  AND coalesce(CAST(floor(log2(nullif(msg_bytes, 0))) AS INTEGER), -1) = $size_log2
-GROUP BY instance
-ORDER BY max_wait_ns DESC, aligned_ts_ns, instance
+-- The step is the one whose GPU window holds the call's start on its rank.
+SELECT c.instance, min(s.step) AS step, count(*) AS ranks, max(c.msg_bytes) AS msg_bytes,
+       max(c.end_ns - c.ts_ns) AS max_dur_ns, max(c.wait_ns) AS max_wait_ns, sum(c.wait_ns) AS wait_ns,
+       any_value(c.last_rank) AS last_rank, median(c.busbw_gbps) AS busbw_gbps,
+       min(c.aligned_ts_ns) AS aligned_ts_ns, max(c.aligned_end_ns) AS aligned_end_ns
+FROM collectives c LEFT JOIN steps s ON s.rank = c.rank AND c.ts_ns >= s.start_ns AND c.ts_ns < s.end_ns
+WHERE c.pg_name IS NOT DISTINCT FROM $pg_name AND c.collective IS NOT DISTINCT FROM $collective
+  AND coalesce(CAST(floor(log2(nullif(c.msg_bytes, 0))) AS INTEGER), -1) = $size_log2
+GROUP BY c.instance
+ORDER BY max_wait_ns DESC, aligned_ts_ns, c.instance
 LIMIT $limit;
 
 -- name: instance_by_id
 -- One collective instance (evidence `coll:<instance>`): its group row's key and where it ran.
-SELECT pg_name, any_value(pg_desc) AS pg_desc, collective,
-       coalesce(CAST(floor(log2(nullif(max(msg_bytes), 0))) AS INTEGER), -1) AS size_log2,
-       min(step) AS step, any_value(last_rank) AS last_rank, max(wait_ns) AS max_wait_ns,
-       min(aligned_ts_ns) AS aligned_ts_ns, max(aligned_end_ns) AS aligned_end_ns, max(msg_bytes) AS msg_bytes
-FROM collectives WHERE instance = $instance
-GROUP BY pg_name, collective;
+SELECT c.pg_name, any_value(c.pg_desc) AS pg_desc, c.collective,
+       coalesce(CAST(floor(log2(nullif(max(c.msg_bytes), 0))) AS INTEGER), -1) AS size_log2,
+       min(s.step) AS step, any_value(c.last_rank) AS last_rank, max(c.wait_ns) AS max_wait_ns,
+       min(c.aligned_ts_ns) AS aligned_ts_ns, max(c.aligned_end_ns) AS aligned_end_ns, max(c.msg_bytes) AS msg_bytes
+FROM collectives c LEFT JOIN steps s ON s.rank = c.rank AND c.ts_ns >= s.start_ns AND c.ts_ns < s.end_ns
+WHERE c.instance = $instance
+GROUP BY c.pg_name, c.collective;
 
 -- name: activity_by_index
 -- One activity (evidence `act:<file_id>:<index>`): the index is its position in the file's

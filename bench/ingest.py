@@ -1,0 +1,167 @@
+"""Ingest speed and memory, side by side: gunzip alone, orjson.loads, HTA's parse, `diag ingest`.
+
+    python bench/ingest.py [TRACE ...] [--big-mb 300] [--repeat 3]
+
+With no TRACE it uses ../shared/traces' control.json.gz (34.8 MB of JSON) and a trace of at least
+--big-mb MB made from it by repeating its steps with shifted timestamps. Every method runs on the
+same file, in a fresh forked child of this one process (so each peak RSS is that method's own,
+read from the child's ru_maxrss; baseline = the child's RSS before it starts). Time is the median
+of --repeat runs. Prints a table and the ratios the issue sets as the bar: diag ≤ orjson.loads,
+≥ 8× faster than HTA, less memory than HTA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTROL = ROOT.parent / "shared/traces/HolisticTraceAnalysis/tests/data/trace_diff/control/control.json.gz"
+
+
+def gunzip(path: Path) -> None:
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
+        f.read()
+
+
+def orjson_loads(path: Path) -> None:
+    import orjson
+
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
+        orjson.loads(f.read())
+
+
+def hta_parse(path: Path) -> None:
+    import logging
+
+    logging.disable(logging.WARNING)
+    from hta.trace_analysis import TraceAnalysis
+
+    d = Path(tempfile.mkdtemp())
+    os.symlink(path, d / path.name)
+    TraceAnalysis(trace_dir=str(d))
+
+
+def diag_ingest(path: Path) -> None:
+    from diag import store
+    from diag.ingest.pipeline import IngestOptions, ingest
+
+    d = Path(tempfile.mkdtemp())
+    con = store.connect(d / "run.duckdb")
+    r = ingest([str(path)], con, IngestOptions(jobs=1))
+    assert r.ingested and not r.errors, r.errors
+    con.close()
+    shutil.rmtree(d)
+
+
+METHODS: dict[str, Callable[[Path], None]] = {
+    "gunzip alone": gunzip,
+    "orjson.loads": orjson_loads,
+    "HTA TraceAnalysis parse": hta_parse,
+    "diag ingest": diag_ingest,
+}
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def measure(fn: Callable[[Path], None], path: Path) -> tuple[float, float]:
+    """(seconds, peak MB above the child's starting RSS), run in a forked child."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        base = _rss_kb()
+        t = time.perf_counter()
+        fn(path)
+        dt = time.perf_counter() - t
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        os.write(w, json.dumps([dt, (peak - base) / 1024]).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not data:
+        raise RuntimeError(f"{fn.__name__} failed on {path}")
+    dt, mb = json.loads(data)
+    return dt, mb
+
+
+def make_big(src: Path, min_mb: int, out: Path) -> Path:
+    """Repeat the trace's events with timestamps shifted past the previous copy until ≥ min_mb."""
+    import orjson
+
+    with gzip.open(src, "rb") as f:
+        doc = orjson.loads(f.read())
+    events = doc["traceEvents"]
+    ts = [e["ts"] + e.get("dur", 0) for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(ts) - min(ts) + 1000
+    one = len(orjson.dumps(events))
+    copies = max(1, -(-min_mb * 1_000_000 // one))
+    big = []
+    for c in range(copies):
+        for e in events:
+            if isinstance(e.get("ts"), (int, float)) and e.get("ph") != "M":
+                e = dict(e, ts=e["ts"] + c * span)
+            elif c:
+                continue  # metadata once
+            big.append(e)
+    doc["traceEvents"] = big
+    out.write_bytes(orjson.dumps(doc))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="*", type=Path)
+    ap.add_argument("--big-mb", type=int, default=300)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-hta-big", action="store_true", help="HTA on the big file takes minutes and GBs")
+    args = ap.parse_args()
+    files = list(args.traces)
+    tmp = Path(tempfile.mkdtemp())
+    if not files:
+        if not CONTROL.exists():
+            print(f"no trace given and {CONTROL} is absent", file=sys.stderr)
+            return 2
+        files = [CONTROL, make_big(CONTROL, args.big_mb, tmp / "big_rank-3.json")]
+    for path in files:
+        size = len(gzip.open(path).read()) if path.name.endswith(".gz") else path.stat().st_size
+        print(f"\n{path.name}: {size / 1e6:.1f} MB of JSON")
+        print(f"{'method':<26}{'time s':>9}{'peak MB':>10}{'× orjson':>10}")
+        res: dict[str, tuple[float, float]] = {}
+        for name, fn in METHODS.items():
+            if name.startswith("HTA") and args.skip_hta_big and size > 100e6:
+                continue
+            runs = [measure(fn, path) for _ in range(args.repeat)]
+            res[name] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs))
+        base = res["orjson.loads"][0]
+        for name, (t, mb) in res.items():
+            print(f"{name:<26}{t:>9.2f}{mb:>10.0f}{t / base:>10.2f}")
+        d, o = res["diag ingest"], res["orjson.loads"]
+        print(f"diag / orjson time: {d[0] / o[0]:.2f} (bar ≤ 1.0)")
+        if "HTA TraceAnalysis parse" in res:
+            h = res["HTA TraceAnalysis parse"]
+            print(f"HTA / diag time: {h[0] / d[0]:.1f}× (bar ≥ 8×); diag / HTA peak memory: {d[1] / h[1]:.2f} (bar < 1)")
+    shutil.rmtree(tmp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,475 @@
+"""`diag gate`: a regression fails naming what got worse, jitter and noise pass, every budget field
+is honoured, the JUnit and GitHub outputs are what CI reads, and bad input exits 2 with one line.
+
+Two tests generate traces (fixtures/) and run the analysis; the rest work on the healthy run's
+report JSON, moved by known amounts, which is what the gate reads in CI anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import statistics
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import run_diag
+
+from diag import cli, commands
+from diag.api import analyze_path
+from diag.gate import register_gate
+from diag.ledger import BUCKETS
+from diag.report import to_json
+from fixtures.generate import generate
+
+Report = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The healthy case (8 ranks × 3 steps) as traces, a diag DuckDB file and a report JSON, and the
+    exposed_comm case's traces: the only generation and analysis in this file."""
+    root = tmp_path_factory.mktemp("gate")
+    generate("healthy", root / "healthy")
+    generate("exposed_comm", root / "exposed_comm")
+    _, report = analyze_path(str(root / "healthy"), str(root / "healthy.duckdb"), warn=False)
+    (root / "healthy.json").write_text(to_json(report))
+    return {"healthy": root / "healthy", "healthy_db": root / "healthy.duckdb",
+            "healthy_json": root / "healthy.json", "exposed_comm": root / "exposed_comm"}
+
+
+@pytest.fixture()
+def healthy(runs: dict[str, Path]) -> Report:
+    report: Report = json.loads(runs["healthy_json"].read_text())
+    return report
+
+
+def _gate_registered() -> bool:
+    parser = cli.build_parser()
+    return any(isinstance(a, argparse._SubParsersAction) and "gate" in a.choices for a in parser._actions)
+
+
+@pytest.fixture()
+def gate(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
+    """`diag gate ARGS` through cli.main, in process (fast), outside GitHub Actions."""
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    if not _gate_registered():
+        monkeypatch.setattr(commands, "REGISTER", (*commands.REGISTER, register_gate))
+
+    def run(*args: str | Path) -> Result:
+        capsys.readouterr()
+        code = cli.main(["gate", *map(str, args)])
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+
+    return run
+
+
+@pytest.fixture()
+def gate_process(gate: Callable[..., Result]) -> Callable[..., Result]:
+    """`diag gate ARGS` as a real subprocess once the command is wired into the CLI."""
+    if not _gate_registered():
+        return gate
+
+    def run(*args: str | Path) -> Result:
+        r = run_diag("gate", *map(str, args), env={"GITHUB_ACTIONS": "", "GITHUB_STEP_SUMMARY": ""})
+        return Result(r.returncode, r.stdout, r.stderr)
+
+    return run
+
+
+# ----------------------------------------------------------------------- moving a report's numbers
+
+def _ledgers(r: Report) -> Iterator[dict[str, float]]:
+    """Every place the report holds a ledger: they must all move together."""
+    yield r["ledger"]
+    yield from r["ledger_by_rank"].values()
+    yield from r["ledger_by_step"].values()
+    yield r["ledger_median_over_steps"]
+    if r.get("worst_rank"):
+        yield r["worst_rank"]["ledger"]
+
+
+def moved(r: Report, points: float, src: str, dst: str) -> Report:
+    """A copy with POINTS of the step moved from bucket SRC to DST (MFU follows model_compute)."""
+    out = copy.deepcopy(r)
+    for led in _ledgers(out):
+        led[src] -= points / 100
+        led[dst] += points / 100
+    out["mfu"] += (points / 100) * ((dst == "model_compute") - (src == "model_compute"))
+    return out
+
+
+def jittered(r: Report, seed: int, points: float) -> Report:
+    """A copy where each step's buckets wobble by up to ±POINTS (gemm_inefficiency absorbs the sum)."""
+    rng = random.Random(seed)
+    out = copy.deepcopy(r)
+    for row in out["ledger_by_step"].values():
+        for b in BUCKETS:
+            if b != "gemm_inefficiency" and row[b] > 0:
+                d = rng.uniform(-points, points) / 100
+                row[b] += d
+                row["gemm_inefficiency"] -= d
+    steps = list(out["ledger_by_step"].values())
+    out["ledger"] = {b: statistics.fmean(s[b] for s in steps) for b in BUCKETS}
+    out["mfu"] = out["ledger"]["model_compute"]
+    return out
+
+
+def with_steps(r: Report, bucket: str, per_step_points: list[float], src: str = "gemm_inefficiency") -> Report:
+    """A copy whose steps hold BUCKET at these values (points), SRC giving or taking the difference."""
+    out = copy.deepcopy(r)
+    rows = list(out["ledger_by_step"].values())
+    assert len(rows) == len(per_step_points)
+    for row, p in zip(rows, per_step_points, strict=True):
+        row[src] -= p / 100 - row[bucket]
+        row[bucket] = p / 100
+    for b in (bucket, src):
+        out["ledger"][b] = statistics.fmean(row[b] for row in rows)
+    return out
+
+
+def finding(code: str, slug: str, severity: str, points: float) -> dict[str, Any]:
+    return {"code": code, "slug": slug, "severity": severity, "lost_fraction": points / 100,
+            "lost_s": 0.0, "mfu_points": points, "what_if_mfu": None, "ranks": [0], "steps": [1],
+            "evidence": [], "advice": "raise num_workers", "summary": "the GPU waits for the loader", "details": {}}
+
+
+def write(path: Path, doc: Any) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def budget(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def as_json(res: Result) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(res.out)
+    return doc
+
+
+def check(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    row: dict[str, Any] = next(c for c in doc["checks"] + doc["rules"] if name in (c.get("name"), c.get("code")))
+    return row
+
+
+# ----------------------------------------------------------------------------------- traces
+
+def test_exposed_comm_regression_fails_naming_the_bucket(runs: dict[str, Path], gate: Callable[..., Result]) -> None:
+    # Baseline as the report JSON, current as a trace directory analyzed on the spot.
+    res = gate("--baseline", runs["healthy_json"], runs["exposed_comm"])
+    assert res.code == 1, res.err
+    head = res.out.splitlines()[0]
+    assert head.startswith("diag gate: FAIL") and "exposed_comm" in head
+    worse = res.out.split("what got worse:")[1]
+    assert "exposed_comm grew" in worse and "MFU fell" in worse
+
+
+def test_the_three_input_forms_agree(runs: dict[str, Path], gate: Callable[..., Result]) -> None:
+    # The same run as a DuckDB file, a trace directory and a report JSON: nothing changed, nothing fails.
+    res = gate("--baseline", runs["healthy_db"], runs["healthy_json"], "--format", "json")
+    assert res.code == 0, res.out + res.err
+    assert all(c["delta_points"] == pytest.approx(0, abs=1e-9) for c in as_json(res)["checks"])
+    assert gate("--baseline", runs["healthy_json"], runs["healthy"]).code == 0
+
+
+# ------------------------------------------------------------------------------- report JSON
+
+def test_jitter_passes(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    for seed in range(3):
+        cur = write(tmp_path / f"jitter{seed}.json", jittered(healthy, seed, points=0.3))
+        res = gate("--baseline", base, cur)
+        assert res.code == 0, res.out
+        assert res.out.startswith("diag gate: PASS")
+
+
+def test_grown_bucket_fails_with_the_numbers(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    cur = write(tmp_path / "cur.json", moved(healthy, 2.5, "model_compute", "exposed_comm"))
+    res = gate("--baseline", base, cur, "--format", "json")
+    doc = as_json(res)
+    assert res.code == 1 and doc["verdict"] == "fail" and doc["exit_code"] == 1
+    row = check(doc, "exposed_comm")
+    assert row["verdict"] == "fail" and row["delta_points"] == pytest.approx(2.5)
+    assert check(doc, "mfu")["verdict"] == "fail"
+    assert {c["name"] for c in doc["checks"] if c["verdict"] == "fail"} == {"mfu", "model_compute", "exposed_comm"}
+    assert any("exposed_comm grew 2.50 points" in f for f in doc["failures"])
+
+
+def test_mfu_budget_is_honoured(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    cur = write(tmp_path / "cur.json", moved(healthy, 2.0, "model_compute", "gemm_inefficiency"))
+    loose_buckets = "[buckets]\nmax_growth_points = 5.0\n"
+    assert gate("--baseline", base, cur, "--budget", budget(tmp_path / "a.toml", loose_buckets)).code == 1
+    ok = gate("--baseline", base, cur, "--budget",
+              budget(tmp_path / "b.toml", loose_buckets + "[mfu]\nmax_drop_points = 2.5\n"))
+    assert ok.code == 0, ok.out
+
+
+def test_bucket_budgets_are_honoured(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    cur = write(tmp_path / "cur.json", moved(healthy, 2.0, "gemm_inefficiency", "memcpy"))
+
+    def verdict(text: str) -> str:
+        doc = as_json(gate("--baseline", base, cur, "--format", "json", "--budget", budget(tmp_path / "b.toml", text)))
+        return str(check(doc, "memcpy")["verdict"])
+
+    assert verdict("") == "fail"                                               # default: 1 point
+    assert verdict("[buckets]\nmax_growth_points = 3.0\n") == "pass"
+    assert verdict("[buckets]\nmemcpy = 2.5\n") == "pass"
+    assert verdict("[buckets]\nmax_growth_points = 3.0\nmemcpy = 1.5\n") == "fail"   # the bucket's own wins
+
+
+def test_rule_severity_budget_is_honoured(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    new = copy.deepcopy(healthy)
+    new["findings"].append(finding("MFU006", "dataloader-stall", "low", 0.8))
+    cur = write(tmp_path / "cur.json", new)
+    bucket_ok = "[buckets]\nmax_growth_points = 5.0\n"
+
+    def run(rules: str) -> Result:
+        return gate("--baseline", base, cur, "--budget", budget(tmp_path / "b.toml", bucket_ok + rules))
+
+    assert run("").code == 0                                  # default: a new finding fails at medium
+    res = run('[rules]\nfail_at = "low"\n')
+    assert res.code == 1 and "MFU006 dataloader-stall" in res.out.splitlines()[0]
+    assert "raise num_workers" in res.out                     # the rule's advice travels with the failure
+    assert run('[rules]\nfail_at = "low"\nMFU006 = "off"\n').code == 0
+    assert run('[rules]\n"dataloader-stall" = "info"\n').code == 1    # by slug too
+    # A finding the baseline already had at that severity is not new.
+    write(base, new)
+    assert run('[rules]\nfail_at = "low"\n').code == 0
+
+
+def test_change_inside_the_baselines_spread_passes_as_noise(healthy: Report, gate: Callable[..., Result],
+                                                             tmp_path: Path) -> None:
+    # Baseline steps at 4, 6 and 5 points of exposed comm: mean 5, standard deviation 1, noise 3 × 1 = 3.
+    base = write(tmp_path / "base.json", with_steps(healthy, "exposed_comm", [4.0, 6.0, 5.0]))
+    noisy = with_steps(healthy, "exposed_comm", [7.5, 7.5, 7.5])        # +2.5: beyond 1, inside 3
+    cur = write(tmp_path / "cur.json", noisy)
+    res = gate("--baseline", base, cur)
+    assert res.code == 0, res.out
+    assert "noise" in res.out.splitlines()[0]
+    said = res.out.split("within noise:")[1]
+    assert "exposed_comm grew 2.50 points" in said and "inside 3 × the baseline's step-to-step" in said
+    doc = as_json(gate("--baseline", base, cur, "--format", "json"))
+    row = check(doc, "exposed_comm")
+    assert row["verdict"] == "noise" and row["noise_points"] == pytest.approx(3 * statistics.stdev([4, 6, 5]))
+    # The same change beyond the spread fails; so does this one under a smaller k, or too few steps.
+    assert gate("--baseline", base, write(tmp_path / "far.json",
+                                          with_steps(healthy, "exposed_comm", [8.5, 8.5, 8.5]))).code == 1
+    assert gate("--baseline", base, cur, "--budget", budget(tmp_path / "k.toml", "[noise]\nk = 2.0\n")).code == 1
+    few = gate("--baseline", base, cur, "--budget", budget(tmp_path / "m.toml", "[noise]\nmin_steps = 4\n"))
+    assert few.code == 1 and "the budget alone decides" in few.out
+
+
+def test_noise_follows_the_baseline_not_the_current_run(healthy: Report, gate: Callable[..., Result],
+                                                        tmp_path: Path) -> None:
+    # A current run that became erratic must not widen its own tolerance.
+    base = write(tmp_path / "base.json", with_steps(healthy, "exposed_comm", [5.0, 5.0, 5.0]))
+    erratic = write(tmp_path / "cur.json", with_steps(healthy, "exposed_comm", [3.0, 12.0, 7.5]))
+    assert gate("--baseline", base, erratic).code == 1
+
+
+def test_junit_has_a_case_per_check_and_validates(healthy: Report, gate: Callable[..., Result],
+                                                  tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    cur = write(tmp_path / "cur.json", moved(healthy, 2.5, "model_compute", "exposed_comm"))
+    junit = tmp_path / "gate.xml"
+    assert gate("--baseline", base, cur, "--junit", junit).code == 1
+    root = assert_valid_junit(junit.read_text())
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert set(cases) == {"MFU", *BUCKETS} | {f"{r.code} {r.slug}" for r in _rules()}
+    assert root.get("failures") == "3"
+    failure = cases["exposed_comm"].find("failure")
+    assert failure is not None and failure.text is not None
+    assert "exposed_comm grew 2.50 points" in failure.get("message", "")
+    assert "delta: +2.5000 points" in failure.text and "budget: 1.0000 points" in failure.text
+    assert cases["exposed_comm"].get("classname") == "diag.gate.ledger"
+
+
+def test_junit_reports_bad_input_as_an_error(gate: Callable[..., Result], tmp_path: Path) -> None:
+    junit = tmp_path / "gate.xml"
+    cur = write(tmp_path / "cur.json", {"schema": "diag.report/1"})
+    assert gate("--baseline", tmp_path / "missing.json", cur, "--junit", junit).code == 2
+    root = assert_valid_junit(junit.read_text())
+    assert root.get("errors") == "1" and "missing.json" in junit.read_text()
+
+
+def test_github_actions_annotations_and_step_summary(healthy: Report, gate: Callable[..., Result],
+                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    base = write(tmp_path / "base.json", with_steps(healthy, "memcpy", [1.0, 3.0, 2.0]))
+    worse = moved(with_steps(healthy, "memcpy", [3.5, 3.5, 3.5]), 2.5, "model_compute", "exposed_comm")
+    res = gate("--baseline", base, write(tmp_path / "cur.json", worse))
+    assert res.code == 1
+    errors = [line for line in res.err.splitlines() if line.startswith("::error ")]
+    warnings = [line for line in res.err.splitlines() if line.startswith("::warning ")]
+    assert any(line.startswith("::error title=diag gate%3A exposed_comm regressed::exposed_comm grew") for line in errors)
+    assert len(errors) == 3 and len(warnings) == 1 and "memcpy" in warnings[0]
+    assert all("%25" in line and "%)" not in line for line in errors)     # "%" escaped as the runner needs
+    assert not res.out.startswith("::")                                    # stdout stays the table
+    text = summary.read_text()
+    assert text.startswith("earlier step\n## diag gate ❌ failed")
+    assert "| `exposed_comm` |" in text and "❌ fail" in text and "⚠️ noise" in text
+
+
+def test_other_world_size_is_refused_unless_allowed(healthy: Report, gate: Callable[..., Result],
+                                                    tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    other = copy.deepcopy(healthy)
+    other["world_size"] = 16
+    cur = write(tmp_path / "cur.json", other)
+    res = gate("--baseline", base, cur)
+    assert res.code == 2 and res.err.count("\n") == 1
+    assert str(cur) in res.err and "world size 16 vs the baseline's 8" in res.err and "--allow-mismatch" in res.err
+    allowed = gate("--baseline", base, cur, "--allow-mismatch")
+    assert allowed.code == 0 and "mismatch allowed: world size 16" in allowed.out
+
+
+def test_other_model_is_refused(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    other = copy.deepcopy(healthy)
+    other["model"] = None            # FLOPs inferred from the trace: another MFU numerator
+    res = gate("--baseline", base, write(tmp_path / "cur.json", other))
+    assert res.code == 2 and "model inferred from the trace" in res.err
+
+
+@pytest.mark.parametrize("text, says", [
+    ('[bucket]\nmemcpy = 1\n', "unknown key 'bucket' in the top level"),
+    ('[buckets]\nmemcopy = 1\n', "unknown key 'memcopy' in [buckets]"),
+    ('[rules]\nMFU099 = "low"\n', "unknown key 'MFU099' in [rules]"),
+    ('[rules]\nfail_at = "severe"\n', "expected one of info, low, medium, high, off"),
+    ('[mfu]\nmax_drop_points = "1"\n', "expected a number"),
+    ('[noise]\nmin_steps = 1\n', "min_steps = 1"),
+    ("[mfu\n", "not a TOML budget"),
+])
+def test_bad_budget_exits_2_naming_it(healthy: Report, gate: Callable[..., Result], tmp_path: Path,
+                                      text: str, says: str) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    b = budget(tmp_path / "budget.toml", text)
+    res = gate("--baseline", base, base, "--budget", b)
+    assert res.code == 2 and res.err.count("\n") == 1 and str(b) in res.err and says in res.err, res.err
+
+
+def test_json_output_is_complete(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    doc = as_json(gate("--baseline", base, base, "--format", "json"))
+    assert doc["schema"] == "diag.gate/1" and doc["verdict"] == "pass" and doc["exit_code"] == 0
+    assert [c["name"] for c in doc["checks"]] == ["mfu", *BUCKETS]
+    assert [r["code"] for r in doc["rules"]] == [r.code for r in _rules()]
+    assert doc["baseline"]["world_size"] == 8 and doc["baseline"]["steps"] == 3
+    assert doc["budget"]["mfu_max_drop_points"] == 1.0 and doc["budget"]["noise_k"] == 3.0
+
+
+# ------------------------------------------------------------------------------- exit codes
+
+def bad_inputs(tmp_path: Path, healthy: Report) -> dict[str, tuple[Path, str]]:
+    """Each kind of bad baseline and what its one line must say."""
+    not_json = tmp_path / "garbled.json"
+    not_json.write_text('{"schema": "diag.report/1", "world_size": 8,, }')
+    other_schema = write(tmp_path / "v2.json", {**healthy, "schema": "diag.report/2"})
+    no_ledger = copy.deepcopy(healthy)
+    del no_ledger["ledger"]["memcpy"]
+    return {
+        "missing": (tmp_path / "nope.json", "no such file or directory"),
+        "not JSON": (not_json, "not JSON (Expecting property name enclosed in double quotes)"),
+        "schema": (other_schema, "schema 'diag.report/2', but diag gate reads 'diag.report/1'"),
+        "a list": (write(tmp_path / "list.json", [1, 2]), "a JSON list, not a diag.report/1 document"),
+        "wrong type": (write(tmp_path / "t.json", {**healthy, "steps": "three"}), "Expected `int`, got `str`"),
+        "incomplete ledger": (write(tmp_path / "l.json", no_ledger), "ledger lacks bucket(s) memcpy"),
+    }
+
+
+def test_bad_baselines_exit_2_with_one_line(healthy: Report, gate: Callable[..., Result],
+                                            gate_process: Callable[..., Result], tmp_path: Path) -> None:
+    cur = write(tmp_path / "cur.json", healthy)
+    cases = bad_inputs(tmp_path, healthy)
+    for kind, (path, says) in cases.items():
+        # Two as real `diag gate` processes (the CI contract), the rest in process (the same cli.main).
+        run = gate_process if kind in ("missing", "schema") else gate
+        res = run("--baseline", path, cur)
+        assert res.code == 2, (kind, res)
+        assert res.err.count("\n") == 1 and "Traceback" not in res.err, (kind, res.err)
+        assert res.err.startswith(f"diag: {path}: ") and says in res.err, (kind, res.err)
+        assert res.out == "", kind
+    # The byte offset of the damage, where JSON says where.
+    garbled = cases["not JSON"][0]
+    assert f"(at byte {garbled.read_text().index(',,') + 1})" in gate("--baseline", garbled, cur).err
+
+
+def test_regression_exit_code_from_a_real_process(healthy: Report, gate_process: Callable[..., Result],
+                                                  tmp_path: Path) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    cur = write(tmp_path / "cur.json", moved(healthy, 2.5, "model_compute", "exposed_comm"))
+    res = gate_process("--baseline", base, cur)
+    assert res.code == 1 and "exposed_comm" in res.out.splitlines()[0] and res.err == ""
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+def _rules() -> tuple[Any, ...]:
+    from rules import RULES
+
+    return RULES
+
+
+def _decimal(value: str | None) -> bool:
+    try:
+        float(value or "")
+    except ValueError:
+        return False
+    return True
+
+
+def assert_valid_junit(text: str) -> ET.Element:
+    """The JUnit structure Jenkins (junit-4.xsd of jenkinsci/xunit-plugin), GitLab and GitHub's report
+    actions read: testsuites > testsuite > testcase > failure | error | skipped, with name and classname
+    on each case, tests/failures/errors counts that add up, numeric times, message and type on failures."""
+    root = ET.fromstring(text)
+    assert root.tag == "testsuites"
+    totals = dict.fromkeys(("tests", "failures", "errors"), 0)
+    for suite in root:
+        assert suite.tag == "testsuite" and suite.get("name")
+        assert {c.tag for c in suite} <= {"properties", "testcase", "system-out", "system-err"}
+        cases = suite.findall("testcase")
+        counted = {"tests": len(cases), "failures": 0, "errors": 0, "skipped": 0}
+        for case in cases:
+            assert case.get("name") and case.get("classname") and _decimal(case.get("time"))
+            outcome = [c for c in case if c.tag in ("failure", "error", "skipped")]
+            assert len(outcome) <= 1 and {c.tag for c in case} <= {"failure", "error", "skipped", "system-out",
+                                                                    "system-err"}
+            for c in outcome:
+                counted[{"failure": "failures", "error": "errors", "skipped": "skipped"}[c.tag]] += 1
+                if c.tag != "skipped":
+                    assert c.get("message") and c.get("type"), ET.tostring(c)
+        for key, n in counted.items():
+            assert suite.get(key) == str(n), (key, suite.attrib)
+        assert _decimal(suite.get("time"))
+        for key in totals:
+            totals[key] += counted[key]
+    for key, n in totals.items():
+        assert root.get(key) == str(n), (key, root.attrib)
+    return root
