@@ -52,6 +52,8 @@ class Call:
     dtype: str | None
     ts_ns: int
     end_ns: int
+    direction: str | None = None   # 'send' | 'recv' for point-to-point
+    peer: int | None = None        # the other side's global rank, for point-to-point
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
     args = con.execute(
         """
         SELECT source, tid, ts_ns, ts_ns + dur_ns, correlation, collective, pg_name, pg_desc, seq,
-               group_size, pg_ranks, in_nelems, out_nelems, dtype
+               group_size, pg_ranks, in_nelems, out_nelems, dtype, peer_rank
         FROM collective_args WHERE file_id = ? ORDER BY tid, ts_ns
         """,
         [tl.file_id],
@@ -96,6 +98,8 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
                               int(tl.ts_ns[i]), int(tl.end_ns[i])))
             continue
         coll = normalize_collective(a[5] or "") or kname
+        raw = (a[5] or "").lower()
+        direction = "send" if "send" in raw else "recv" if "recv" in raw else None
         ranks = a[10]
         size = _DTYPE_BYTES.get((a[13] or "").lower().removeprefix("c10::"))
         nelems = max(a[11] or 0, a[12] or 0)
@@ -103,6 +107,7 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
             tl.rank, tl.file_id, tl.capture_window, i, step if step >= 0 else None, a[6] or "unknown", a[7],
             coll, a[8], a[9], None if ranks is None else ",".join(map(str, ranks)),
             nelems * size if size and nelems else None, a[13], int(tl.ts_ns[i]), int(tl.end_ns[i]),
+            direction, a[14],
         ))
     return calls
 
@@ -122,13 +127,20 @@ def _enclosing(by_tid: dict[int, list[tuple]], tid: int | None, ts: int | None) 
 
 def match(calls: Iterable[Call]) -> list[Matched]:
     ordered = sorted(calls, key=lambda c: (c.rank, c.window, c.ts_ns))
-    ordinal: dict[tuple[int, int, str], int] = defaultdict(int)
+    ordinal: dict[tuple[object, ...], int] = defaultdict(int)
     keyed: list[tuple[Call, int, str]] = []
     for c in ordered:
-        k = (c.rank, c.window, c.pg_name)
+        if c.direction is not None and c.peer is not None:
+            # Point-to-point Seq is each rank's own counter (ProcessGroupNCCL seqP2P_): the two
+            # sides need not agree. The k-th send a→b pairs with the k-th recv on b from a.
+            src, dst = (c.rank, c.peer) if c.direction == "send" else (c.peer, c.rank)
+            k: tuple[object, ...] = (c.rank, c.window, c.pg_name, src, dst)
+            key = f"w{c.window}|{c.pg_name}|p2p {src}->{dst}|#{ordinal[k]}"
+        else:
+            k = (c.rank, c.window, c.pg_name)
+            key = f"w{c.window}|{c.pg_name}|seq{c.seq}" if c.seq is not None else f"w{c.window}|{c.pg_name}|#{ordinal[k]}"
         o = ordinal[k]
         ordinal[k] += 1
-        key = f"w{c.window}|{c.pg_name}|seq{c.seq}" if c.seq is not None else f"w{c.window}|{c.pg_name}|#{o}"
         keyed.append((c, o, key))
     groups: dict[str, list[Call]] = defaultdict(list)
     for c, _, key in keyed:
@@ -152,6 +164,7 @@ class ClockOffset:
     offset_ns: int
     n_matches: int
     spread_ns: int
+    linked: bool = True   # False: no collective or send/recv connects this rank to the reference
 
 
 def clock_offsets(matched: list[Matched], ranks: Iterable[int]) -> dict[int, ClockOffset]:
@@ -179,7 +192,7 @@ def clock_offsets(matched: list[Matched], ranks: Iterable[int]) -> dict[int, Clo
     for root in all_ranks:
         if root in result:
             continue
-        result[root] = ClockOffset(root, 0, 0, 0)
+        result[root] = ClockOffset(root, 0, 0, 0, linked=root == all_ranks[0])
         queue = [root]
         while queue:
             a = queue.pop(0)

@@ -68,4 +68,36 @@ def _register_mfu(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.set_defaults(handler=run_mfu)
 
 
-REGISTER: tuple[Register, ...] = (_register_analyze, _register_mfu)
+def _register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from diag.gate import register_gate
+
+    register_gate(sub)
+
+
+def _register_capture(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from diag.capture import add_capture_arguments, run_capture_command
+
+    p = sub.add_parser("capture", help="run a training command with the profiler settings diag needs")
+    add_capture_arguments(p)
+    p.set_defaults(handler=run_capture_command)
+
+
+def _register_example(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from diag.example import add_example_arguments, run_example_command
+
+    p = sub.add_parser("example", help="run the example GPT job (gloo on CPU, NCCL on GPUs), captured into --out")
+    add_example_arguments(p)
+    p.set_defaults(handler=run_example_command)
+
+
+def _register_ui(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    # The UI registers its own commands; Textual is imported only when one of them runs.
+    from tui.commands import register_live, register_tui
+
+    register_tui(sub)
+    register_live(sub)
+
+
+REGISTER: tuple[Register, ...] = (
+    _register_analyze, _register_mfu, _register_gate, _register_capture, _register_example, _register_ui,
+)

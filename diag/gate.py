@@ -35,8 +35,7 @@ SEVERITIES = ("info", "low", "medium", "high")   # diag.analysis.severity: <1, �
 OFF = "off"
 
 # Defaults, in MFU points (percent of the step at the dense peak). One point of a 40% MFU job is
-# 2.5% of its throughput, hence of its GPU bill: worth a failing check, and above the ±0.3 points
-# two healthy fixture runs with different seeds differ by.
+# 2.5% of its throughput, hence of its GPU bill: worth a failing check.
 DEFAULT_MFU_DROP_POINTS = 1.0
 DEFAULT_BUCKET_GROWTH_POINTS = 1.0
 # A new finding at "medium" (≥3 points, diag.analysis.severity) names a new cause worth a look.
@@ -172,9 +171,9 @@ class Run:
     report: ReportView
 
 
-def load_run(path: str, opts: Any = None, db: str | None = None) -> Run:
-    """A report from PATH: read as a `diag.report/1` JSON, or analyzed from traces or a diag DuckDB file.
-    `opts` is the AnalyzeOptions for the analysis; `db` keeps what is ingested."""
+def load_run(path: str, opts: Any = None, ingest_opts: Any = None, db: str | None = None) -> Run:
+    """A report from PATH: read as a `diag.report/1` JSON, or analyzed from traces or a diag DuckDB file
+    with `opts` (AnalyzeOptions) and `ingest_opts` (IngestOptions); `db` keeps what is ingested."""
     from diag.api import is_duckdb_file
 
     p = Path(path)
@@ -182,35 +181,41 @@ def load_run(path: str, opts: Any = None, db: str | None = None) -> Run:
         raise BadInput(path, "no such file or directory")
     doc = None if p.is_dir() or is_duckdb_file(p) else _read_json(p)
     if doc is None or (isinstance(doc, dict) and "traceEvents" in doc):
-        doc = _analyzed(path, opts, db)
+        doc = _analyzed(path, opts, ingest_opts, db)
     return Run(path, check_report(doc, path))
 
 
 def _read_json(p: Path) -> Any:
-    """The file's JSON, or None when it is a trace to analyze (compressed, or too large for a report)."""
+    """The file's JSON, or None when it is a trace to analyze: compressed, too large for a report, or
+    damaged but a trace (ingest then says where, or salvages it with --salvage)."""
     if p.name.endswith(".gz") or p.stat().st_size > _MAX_REPORT_BYTES:
         return None
     try:
         data = p.read_bytes()
-        return json.loads(data)
+        text = data.decode("utf-8")
     except OSError as e:
         raise BadInput(str(p), f"cannot read: {e.strerror or e}") from e
     except UnicodeDecodeError as e:
         raise BadInput(str(p), f"not UTF-8 text, so not a {REPORT_SCHEMA} JSON", e.start) from e
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        offset = len(data.decode("utf-8")[: e.pos].encode("utf-8"))
-        raise BadInput(str(p), f"not JSON ({e.msg}); {_HOW}", offset) from e
+        if b'"traceEvents"' in data:
+            return None
+        raise BadInput(str(p), f"not JSON ({e.msg}); {_HOW}", len(text[: e.pos].encode("utf-8"))) from e
 
 
 _HOW = f"write a baseline with `diag analyze DIR --format json --out base.json` ({REPORT_SCHEMA})"
 
 
-def _analyzed(path: str, opts: Any, db: str | None) -> Any:
+def _analyzed(path: str, opts: Any, ingest_opts: Any, db: str | None) -> Any:
     from diag.api import analyze_path
     from diag.engine import AnalyzeOptions
+    from diag.ingest.pipeline import IngestOptions
     from diag.report import to_json
 
-    _, report = analyze_path(path, db, opts if opts is not None else AnalyzeOptions())
+    _, report = analyze_path(path, db, opts if opts is not None else AnalyzeOptions(),
+                             ingest_opts if ingest_opts is not None else IngestOptions())
     # Through JSON, so the gate sees exactly what `diag analyze --format json` would have written.
     return json.loads(to_json(report))
 
@@ -233,11 +238,15 @@ def check_report(doc: Any, path: str) -> ReportView:
 
 
 def mismatches(base: ReportView, cur: ReportView) -> list[str]:
-    """What makes two runs not comparable: a different world size, model or denominator."""
+    """What makes two runs not comparable: a different world size, model or denominator.
+
+    The model is its parameter count, or its absence (FLOPs inferred from the trace): its name is
+    only a label, and tokens per step is the batch a change may legitimately tune.
+    """
     out = []
     if base.world_size != cur.world_size:
         out.append(f"world size {cur.world_size} vs the baseline's {base.world_size}")
-    if base.model != cur.model:
+    if _params(base.model) != _params(cur.model):
         out.append(f"model {_model_name(cur.model)} vs the baseline's {_model_name(base.model)}")
     bd, cd = base.device, cur.device
     if (bd.part, bd.peak_tflops) != (cd.part, cd.peak_tflops):
@@ -245,10 +254,14 @@ def mismatches(base: ReportView, cur: ReportView) -> list[str]:
     return out
 
 
+def _params(m: dict[str, Any] | None) -> Any:
+    return None if m is None else m.get("params")
+
+
 def _model_name(m: dict[str, Any] | None) -> str:
     if m is None:
         return "inferred from the trace"
-    return f"{m.get('name')} ({m.get('params', 0):.3g} params, {m.get('tokens_per_step')} tokens/step)"
+    return f"{m.get('name')} ({m.get('params') or 0:.3g} params)"
 
 
 def _device_name(d: ReportDevice) -> str:
@@ -412,6 +425,7 @@ def _at_least(severity: str | None, threshold: str) -> bool:
 # ------------------------------------------------------------------------------------------- CLI
 
 def register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from diag.cli import add_ingest_options
     from diag.commands import add_model_options
 
     p = sub.add_parser(
@@ -429,19 +443,21 @@ def register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--junit", default=None, metavar="FILE",
                    help="also write a JUnit XML report: one test case per check")
     add_model_options(p)
+    add_ingest_options(p)
     p.set_defaults(handler=run_gate)
 
 
 def run_gate(args: argparse.Namespace) -> int:
     from diag import gate_output
-    from diag.engine import AnalyzeOptions
+    from diag.cli import ingest_options
+    from diag.commands import analyze_options
 
     github = os.environ.get("GITHUB_ACTIONS") == "true"
     try:
         budget = load_budget(args.budget)
-        opts = AnalyzeOptions(model=args.model, gpu=args.gpu, peak_tflops=args.peak_tflops)
-        base = load_run(args.baseline, opts)
-        cur = load_run(args.current, opts, args.db)   # --db keeps the current run's store for `diag tui`
+        opts, iopts = analyze_options(args), ingest_options(args)
+        base = load_run(args.baseline, opts, iopts)
+        cur = load_run(args.current, opts, iopts, args.db)   # --db keeps the current run's store for `diag tui`
         found = tuple(mismatches(base.report, cur.report))
         if found and not args.allow_mismatch:
             raise BadInput(cur.path, f"not comparable with the baseline {base.path}: {'; '.join(found)}; "

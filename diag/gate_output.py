@@ -57,7 +57,7 @@ def _describe_rule(c: RuleCheck, k: float) -> str:
     had = "none" if c.baseline_severity is None else f"one at {c.baseline_severity}"
     new = f"{name} at {c.current_severity} ({c.current_points or 0:.2f} points; the baseline had {had})"
     if c.verdict == "fail":
-        return f"{new}, failing at {c.fail_at}: {c.summary} Do: {c.advice}"
+        return f"{new}, failing at {c.fail_at}: {c.summary}; do: {c.advice}"
     if c.verdict == "noise":
         return (f"{new} crossed {c.fail_at}, but its growth {c.growth_points or 0:.2f} points is inside "
                 f"{k:g} × the baseline's step-to-step standard deviation of its bucket ({c.noise_points or 0:.2f}): "
@@ -69,9 +69,15 @@ def _describe_rule(c: RuleCheck, k: float) -> str:
 def headline(r: GateResult) -> str:
     if r.failed:
         n = len(r.failures)
-        return f"diag gate: FAIL — {n} regression{'s' * (n != 1)}: {', '.join(label(c) for c in r.failures)}"
+        return f"diag gate: FAIL — {n} regression{'s' * (n != 1)}: {', '.join(label(c) for c in worst_first(r))}"
     extra = f" ({len(r.noise)} change(s) within the baseline's noise)" if r.noise else ""
     return f"diag gate: PASS — nothing worse than the budget{extra}"
+
+
+def worst_first(r: GateResult) -> list[MetricCheck | RuleCheck]:
+    """The failures, largest first: the headline names the biggest cause before its effects."""
+    return sorted(r.failures, key=lambda c: (c.growth_points if isinstance(c, RuleCheck) else c.worse_points) or 0.0,
+                  reverse=True)
 
 
 # ----------------------------------------------------------------------------------------- text
@@ -92,7 +98,11 @@ def _run_line(role: str, run: Run) -> str:
 
 
 def _num(x: float | None, fmt: str) -> str:
-    return "—" if x is None else format(x, fmt)
+    if x is None:
+        return "—"
+    text = format(x, fmt)
+    # A change that rounds to zero is no change, whichever side of zero it came from: never "-0.00".
+    return format(0.0, fmt) if not text.lstrip("+-").strip("0.") else text
 
 
 def _metric_cells(c: MetricCheck) -> list[str]:
@@ -119,7 +129,7 @@ def render_text(r: GateResult) -> str:
     out.append(f"(noise = {k:g} × the baseline's step-to-step standard deviation; a change beyond the budget "
                "but inside it passes)")
     if r.failures:
-        out += ["", "what got worse:"] + [f"  - {describe(c, k)}" for c in r.failures]
+        out += ["", "what got worse:"] + [f"  - {describe(c, k)}" for c in worst_first(r)]
     if r.noise:
         out += ["", "within noise:"] + [f"  - {describe(c, k)}" for c in r.noise]
     out += [""] * bool(r.mismatches or r.notes)
@@ -153,7 +163,7 @@ def to_dict(r: GateResult) -> dict[str, Any]:
                    "current_severity": c.current_severity, "current_points": c.current_points,
                    "growth_points": c.growth_points, "fail_at": c.fail_at, "noise_points": c.noise_points,
                    "verdict": c.verdict, "message": describe(c, k)} for c in r.rules],
-        "failures": [describe(c, k) for c in r.failures],
+        "failures": [describe(c, k) for c in worst_first(r)],
         "mismatches": list(r.mismatches),
         "notes": list(r.notes),
     }
@@ -181,7 +191,7 @@ def render_markdown(r: GateResult) -> str:
     out += ["", f"Noise is {k:g} × the baseline's step-to-step standard deviation: a change beyond the budget "
                 "but inside it passes.", ""]
     if r.failures:
-        out += ["### What got worse", ""] + [f"- {describe(c, k)}" for c in r.failures] + [""]
+        out += ["### What got worse", ""] + [f"- {describe(c, k)}" for c in worst_first(r)] + [""]
     if r.noise:
         out += ["### Within noise", ""] + [f"- {describe(c, k)}" for c in r.noise] + [""]
     out += [f"- mismatch allowed: {m}" for m in r.mismatches] + [f"- note: {n}" for n in r.notes]
@@ -251,7 +261,7 @@ def github_annotations(r: GateResult) -> list[str]:
     The runner reads workflow commands from stderr as well as stdout, so they stay off stdout (data).
     """
     k = r.budget.noise_k
-    out = [annotation("error", f"diag gate: {label(c)} regressed", describe(c, k)) for c in r.failures]
+    out = [annotation("error", f"diag gate: {label(c)} regressed", describe(c, k)) for c in worst_first(r)]
     out += [annotation("warning", f"diag gate: {label(c)} within noise", describe(c, k)) for c in r.noise]
     out += [annotation("warning", "diag gate: runs differ", m) for m in r.mismatches]
     return out

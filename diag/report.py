@@ -46,7 +46,7 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "worst_rank": None if worst is None else {"rank": worst, "step_time_s": rank_time[worst],
                                                   "ledger": _mean(by_rank[worst])},
         "findings": [_finding(f) for f in a.findings],
-        "clock_offsets_us": {str(r): o.offset_ns / 1000 for r, o in sorted(run.offsets.items())},
+        "clock_offsets_us": {str(r): o.offset_ns / 1000 if o.linked else None for r, o in sorted(run.offsets.items())},
         "clock_offset_spread_us": {str(r): o.spread_ns / 1000 for r, o in sorted(run.offsets.items())},
         "model": None if a.model is None else {"name": a.model.name, "params": a.model.params,
                                                "tokens_per_step": a.model.tokens_per_step},

@@ -7,7 +7,6 @@ report JSON, moved by known amounts, which is what the gate reads in CI anyway.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import random
@@ -21,9 +20,9 @@ from typing import Any
 import pytest
 from helpers import run_diag
 
-from diag import cli, commands
+from diag import cli
 from diag.api import analyze_path
-from diag.gate import register_gate
+from diag.ingest.pipeline import IngestOptions
 from diag.ledger import BUCKETS
 from diag.report import to_json
 from fixtures.generate import generate
@@ -42,15 +41,17 @@ class Result:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The healthy case (8 ranks × 3 steps) as traces, a diag DuckDB file and a report JSON, and the
-    exposed_comm case's traces: the only generation and analysis in this file."""
+    """Two-rank runs of the healthy case (seeds 0 and 1) and of exposed_comm as traces, and the healthy
+    seed-0 run as a diag DuckDB file and a report JSON. Two ranks keep each analysis near a second."""
     root = tmp_path_factory.mktemp("gate")
-    generate("healthy", root / "healthy")
-    generate("exposed_comm", root / "exposed_comm")
-    _, report = analyze_path(str(root / "healthy"), str(root / "healthy.duckdb"), warn=False)
+    generate("healthy", root / "healthy", world_size=2)
+    generate("healthy", root / "healthy_seed1", world_size=2, seed=1)
+    generate("exposed_comm", root / "exposed_comm", world_size=2)
+    _, report = analyze_path(str(root / "healthy"), str(root / "healthy.duckdb"), ingest_opts=IngestOptions(jobs=1),
+                             warn=False)
     (root / "healthy.json").write_text(to_json(report))
-    return {"healthy": root / "healthy", "healthy_db": root / "healthy.duckdb",
-            "healthy_json": root / "healthy.json", "exposed_comm": root / "exposed_comm"}
+    return {"healthy_db": root / "healthy.duckdb", "model": root / "healthy" / "model.toml", "healthy_json": root / "healthy.json",
+            "healthy_seed1": root / "healthy_seed1", "exposed_comm": root / "exposed_comm"}
 
 
 @pytest.fixture()
@@ -59,18 +60,11 @@ def healthy(runs: dict[str, Path]) -> Report:
     return report
 
 
-def _gate_registered() -> bool:
-    parser = cli.build_parser()
-    return any(isinstance(a, argparse._SubParsersAction) and "gate" in a.choices for a in parser._actions)
-
-
 @pytest.fixture()
 def gate(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
-    """`diag gate ARGS` through cli.main, in process (fast), outside GitHub Actions."""
+    """`diag gate ARGS` through cli.main in this process (fast), as outside GitHub Actions."""
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    if not _gate_registered():
-        monkeypatch.setattr(commands, "REGISTER", (*commands.REGISTER, register_gate))
 
     def run(*args: str | Path) -> Result:
         capsys.readouterr()
@@ -81,17 +75,10 @@ def gate(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) ->
     return run
 
 
-@pytest.fixture()
-def gate_process(gate: Callable[..., Result]) -> Callable[..., Result]:
-    """`diag gate ARGS` as a real subprocess once the command is wired into the CLI."""
-    if not _gate_registered():
-        return gate
-
-    def run(*args: str | Path) -> Result:
-        r = run_diag("gate", *map(str, args), env={"GITHUB_ACTIONS": "", "GITHUB_STEP_SUMMARY": ""})
-        return Result(r.returncode, r.stdout, r.stderr)
-
-    return run
+def gate_process(*args: str | Path) -> Result:
+    """`diag gate ARGS` as a real subprocess: the exit-code contract CI relies on."""
+    r = run_diag("gate", *map(str, args), env={"GITHUB_ACTIONS": "", "GITHUB_STEP_SUMMARY": ""})
+    return Result(r.returncode, r.stdout, r.stderr)
 
 
 # ----------------------------------------------------------------------- moving a report's numbers
@@ -175,20 +162,24 @@ def check(doc: dict[str, Any], name: str) -> dict[str, Any]:
 
 def test_exposed_comm_regression_fails_naming_the_bucket(runs: dict[str, Path], gate: Callable[..., Result]) -> None:
     # Baseline as the report JSON, current as a trace directory analyzed on the spot.
-    res = gate("--baseline", runs["healthy_json"], runs["exposed_comm"])
+    res = gate("--baseline", runs["healthy_json"], runs["exposed_comm"], "--jobs", "1")
     assert res.code == 1, res.err
     head = res.out.splitlines()[0]
     assert head.startswith("diag gate: FAIL") and "exposed_comm" in head
     worse = res.out.split("what got worse:")[1]
-    assert "exposed_comm grew" in worse and "MFU fell" in worse
+    assert "exposed_comm grew" in worse and "MFU fell" in worse and "MFU001 exposed-collectives at high" in worse
 
 
-def test_the_three_input_forms_agree(runs: dict[str, Path], gate: Callable[..., Result]) -> None:
-    # The same run as a DuckDB file, a trace directory and a report JSON: nothing changed, nothing fails.
-    res = gate("--baseline", runs["healthy_db"], runs["healthy_json"], "--format", "json")
+def test_another_seed_passes(runs: dict[str, Path], gate: Callable[..., Result]) -> None:
+    # The same healthy run with another seed: real jitter. Baseline as a diag DuckDB file this time,
+    # which keeps no model.toml: --model gives it, else the two MFU numerators differ (exit 2).
+    res = gate("--baseline", runs["healthy_db"], runs["healthy_seed1"], "--model", runs["model"], "--jobs", "1",
+               "--format", "json")
     assert res.code == 0, res.out + res.err
-    assert all(c["delta_points"] == pytest.approx(0, abs=1e-9) for c in as_json(res)["checks"])
-    assert gate("--baseline", runs["healthy_json"], runs["healthy"]).code == 0
+    doc = as_json(res)
+    assert doc["verdict"] == "pass" and doc["failures"] == []
+    changed = [c for c in doc["checks"] if c["delta_points"] != 0]
+    assert changed and all(abs(c["delta_points"]) < 0.5 for c in changed)     # it did move, a little
 
 
 # ------------------------------------------------------------------------------- report JSON
@@ -307,6 +298,24 @@ def test_junit_has_a_case_per_check_and_validates(healthy: Report, gate: Callabl
     assert cases["exposed_comm"].get("classname") == "diag.gate.ledger"
 
 
+@pytest.mark.parametrize("break_it", [
+    lambda root: root.find("testsuite/testcase").attrib.pop("classname"),
+    lambda root: root.find("testsuite").set("failures", "0"),
+    lambda root: root.find("testsuite/testcase/failure").attrib.pop("type"),
+    lambda root: root.find("testsuite").set("time", "soon"),
+    lambda root: ET.SubElement(root.find("testsuite/testcase"), "error", message="x", type="y"),
+])
+def test_junit_check_catches_what_ci_rejects(healthy: Report, gate: Callable[..., Result], tmp_path: Path,
+                                             break_it: Callable[[Any], Any]) -> None:
+    # The check above is only worth something if it fails on documents CI would misread.
+    cur = write(tmp_path / "cur.json", moved(healthy, 2.5, "model_compute", "exposed_comm"))
+    gate("--baseline", write(tmp_path / "base.json", healthy), cur, "--junit", tmp_path / "gate.xml")
+    root = ET.fromstring((tmp_path / "gate.xml").read_text())
+    break_it(root)
+    with pytest.raises(AssertionError):
+        assert_valid_junit(ET.tostring(root, encoding="unicode"))
+
+
 def test_junit_reports_bad_input_as_an_error(gate: Callable[..., Result], tmp_path: Path) -> None:
     junit = tmp_path / "gate.xml"
     cur = write(tmp_path / "cur.json", {"schema": "diag.report/1"})
@@ -334,6 +343,11 @@ def test_github_actions_annotations_and_step_summary(healthy: Report, gate: Call
     text = summary.read_text()
     assert text.startswith("earlier step\n## diag gate ❌ failed")
     assert "| `exposed_comm` |" in text and "❌ fail" in text and "⚠️ noise" in text
+    # Bad input: the annotation, then the one line every run prints.
+    bad = gate("--baseline", tmp_path / "nope.json", base)
+    assert bad.code == 2 and bad.err.splitlines() == [
+        f"::error title=diag gate%3A bad input::{tmp_path / 'nope.json'}: no such file or directory",
+        f"diag: {tmp_path / 'nope.json'}: no such file or directory"]
 
 
 def test_other_world_size_is_refused_unless_allowed(healthy: Report, gate: Callable[..., Result],
@@ -344,17 +358,33 @@ def test_other_world_size_is_refused_unless_allowed(healthy: Report, gate: Calla
     cur = write(tmp_path / "cur.json", other)
     res = gate("--baseline", base, cur)
     assert res.code == 2 and res.err.count("\n") == 1
-    assert str(cur) in res.err and "world size 16 vs the baseline's 8" in res.err and "--allow-mismatch" in res.err
+    assert str(cur) in res.err and "world size 16 vs the baseline's 2" in res.err and "--allow-mismatch" in res.err
     allowed = gate("--baseline", base, cur, "--allow-mismatch")
     assert allowed.code == 0 and "mismatch allowed: world size 16" in allowed.out
 
 
 def test_other_model_is_refused(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
     base = write(tmp_path / "base.json", healthy)
-    other = copy.deepcopy(healthy)
-    other["model"] = None            # FLOPs inferred from the trace: another MFU numerator
-    res = gate("--baseline", base, write(tmp_path / "cur.json", other))
-    assert res.code == 2 and "model inferred from the trace" in res.err
+    inferred = {**copy.deepcopy(healthy), "model": None}       # FLOPs inferred from the trace: another numerator
+    res = gate("--baseline", base, write(tmp_path / "inferred.json", inferred))
+    assert res.code == 2 and "model inferred from the trace vs the baseline's model (5.03e+07 params)" in res.err
+    bigger = copy.deepcopy(healthy)
+    bigger["model"]["params"] *= 2
+    assert gate("--baseline", base, write(tmp_path / "bigger.json", bigger)).code == 2
+    renamed = copy.deepcopy(healthy)
+    renamed["model"]["name"] = "gpt-small"                      # a label, not a different model
+    assert gate("--baseline", base, write(tmp_path / "renamed.json", renamed)).code == 0
+
+
+def test_damaged_trace_file_is_read_as_a_trace(runs: dict[str, Path], healthy: Report, gate: Callable[..., Result],
+                                               tmp_path: Path) -> None:
+    # A killed run's trace: ingest names the damage and its offset, and offers --salvage.
+    text = (runs["exposed_comm"] / "rank-0.json").read_bytes()
+    cut = tmp_path / "rank-0.json"
+    cut.write_bytes(text[: len(text) // 2])
+    res = gate("--baseline", write(tmp_path / "base.json", healthy), cut, "--jobs", "1")
+    assert res.code == 2 and res.err.count("\n") == 1
+    assert res.err.startswith(f"diag: {cut}: truncated JSON") and f"(at byte {len(text) // 2})" in res.err
 
 
 @pytest.mark.parametrize("text, says", [
@@ -380,8 +410,20 @@ def test_json_output_is_complete(healthy: Report, gate: Callable[..., Result], t
     assert doc["schema"] == "diag.gate/1" and doc["verdict"] == "pass" and doc["exit_code"] == 0
     assert [c["name"] for c in doc["checks"]] == ["mfu", *BUCKETS]
     assert [r["code"] for r in doc["rules"]] == [r.code for r in _rules()]
-    assert doc["baseline"]["world_size"] == 8 and doc["baseline"]["steps"] == 3
+    assert doc["baseline"]["world_size"] == 2 and doc["baseline"]["steps"] == 3
     assert doc["budget"]["mfu_max_drop_points"] == 1.0 and doc["budget"]["noise_k"] == 3.0
+
+
+def test_unknown_mfu_is_skipped_not_failed(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    # No peak for the device: MFU is null in both reports; model_compute still gates.
+    unknown = write(tmp_path / "base.json", {**healthy, "mfu": None})
+    junit = tmp_path / "gate.xml"
+    res = gate("--baseline", unknown, unknown, "--format", "json", "--junit", junit)
+    doc = as_json(res)
+    assert res.code == 0 and check(doc, "mfu")["verdict"] == "skip"
+    assert any("the MFU check is skipped; model_compute still gates" in n for n in doc["notes"])
+    suite = assert_valid_junit(junit.read_text()).find("testsuite")
+    assert suite is not None and suite.get("skipped") == "1"
 
 
 # ------------------------------------------------------------------------------- exit codes
@@ -403,13 +445,12 @@ def bad_inputs(tmp_path: Path, healthy: Report) -> dict[str, tuple[Path, str]]:
     }
 
 
-def test_bad_baselines_exit_2_with_one_line(healthy: Report, gate: Callable[..., Result],
-                                            gate_process: Callable[..., Result], tmp_path: Path) -> None:
+def test_bad_baselines_exit_2_with_one_line(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
     cur = write(tmp_path / "cur.json", healthy)
     cases = bad_inputs(tmp_path, healthy)
     for kind, (path, says) in cases.items():
-        # Two as real `diag gate` processes (the CI contract), the rest in process (the same cli.main).
-        run = gate_process if kind in ("missing", "schema") else gate
+        # One as a real `diag gate` process (the CI contract), the rest in process (the same cli.main).
+        run = gate_process if kind == "schema" else gate
         res = run("--baseline", path, cur)
         assert res.code == 2, (kind, res)
         assert res.err.count("\n") == 1 and "Traceback" not in res.err, (kind, res.err)
@@ -420,8 +461,7 @@ def test_bad_baselines_exit_2_with_one_line(healthy: Report, gate: Callable[...,
     assert f"(at byte {garbled.read_text().index(',,') + 1})" in gate("--baseline", garbled, cur).err
 
 
-def test_regression_exit_code_from_a_real_process(healthy: Report, gate_process: Callable[..., Result],
-                                                  tmp_path: Path) -> None:
+def test_regression_exit_code_from_a_real_process(healthy: Report, tmp_path: Path) -> None:
     base = write(tmp_path / "base.json", healthy)
     cur = write(tmp_path / "cur.json", moved(healthy, 2.5, "model_compute", "exposed_comm"))
     res = gate_process("--baseline", base, cur)

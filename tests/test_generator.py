@@ -295,6 +295,9 @@ def collective_kernels(run: Run) -> Iterator[tuple[tuple[str, int], int, int, in
 def test_clock_offsets_align_collective_ends(run: Run) -> None:
     offsets = {r["rank"]: r["clock_offset_ns"] for r in run.truth["ranks"]}
     assert offsets[0] == 0 and max(abs(o) for o in offsets.values()) <= 2_000_000
+    # Without data parallelism or pipelining (thin_gemm: tp = world) nothing links the clocks.
+    linked = {r["rank"] for r in run.truth["ranks"] if r["clock_linked"]}
+    assert linked == (set(run.traces) if run.scenario.tp < run.scenario.world_size else {0})
     instances: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
     for key, rank, start, end in collective_kernels(run):
         instances[key][rank] = (start, end)

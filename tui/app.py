@@ -18,7 +18,7 @@ from textual.worker import get_current_worker
 
 from diag.errors import BadInput, ExitCode
 from tui.snapshot import Snapshot
-from tui.sources import Live, PostMortem, Store
+from tui.sources import Live, Loader, Store
 from tui.views.base import Jump, View
 from tui.views.collectives import Collectives
 from tui.views.findings import Findings
@@ -61,7 +61,7 @@ class DiagApp(App[int]):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, source: PostMortem | Live, poll_s: float = 0.4, theme: str = DARK) -> None:
+    def __init__(self, source: Loader | Live, poll_s: float = 0.4, theme: str = DARK) -> None:
         super().__init__()
         self.source = source
         self.poll_s = poll_s
@@ -94,7 +94,7 @@ class DiagApp(App[int]):
     # --- sources (worker threads) ---------------------------------------------------------------
 
     def _load(self) -> None:
-        assert isinstance(self.source, PostMortem)
+        assert not isinstance(self.source, Live)
         source = self.source
 
         def progress(text: str, frac: float | None) -> None:

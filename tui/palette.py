@@ -9,10 +9,10 @@ STATE_ORDER = ("compute", "comm", "copy", "idle")
 # Host phases (diag/phases.py PHASES).
 PHASE_COLORS = {
     "forward": "#1e88e5", "backward": "#f4511e", "recompute": "#d81b60",
-    "optimizer": "#00897b", "dataloader": "#fdd835", "other": "#9e9e9e",
+    "optimizer": "#00897b", "dataloader": "#fdd835", "other": "#9e9e9e", "sync": "#8d6e63",
 }
 PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "recompute": "recomp", "optimizer": "optim",
-               "dataloader": "data", "other": "other"}
+               "dataloader": "data", "other": "other", "sync": "sync"}
 
 # viridis in 10 steps: perceptually uniform and legible for red-green colour blindness.
 HEAT = ("#440154", "#482878", "#3e4989", "#31688e", "#26828e",

@@ -23,6 +23,10 @@ MAX_ROWS = 1000
 STEP_TIME = "step_time"
 METRICS = (STEP_TIME, *BUCKETS)
 
+# A kernel launch call takes ~2–10 µs; one that takes 50 µs or more had the host waiting in the
+# runtime (a synchronizing copy, a full launch queue): the host lane shows it as 'sync'.
+SYNC_NS = 50_000
+
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -116,7 +120,7 @@ def lanes(cur: duckdb.DuckDBPyConnection, step: int, ranks: tuple[int, ...]) -> 
     windows = {r: (int(s), int(e)) for r, s, e in run(cur, "step_windows", step=step) if r in set(ranks)}
     segs = run(cur, "lane_segments", step=step, ranks=list(ranks))
     # lane_phases returns (rank, phase, start, end): reorder to (rank, start, end, label).
-    phases = [(r, s, e, p) for r, p, s, e in run(cur, "lane_phases", step=step, ranks=list(ranks))]
+    phases = [(r, s, e, p) for r, p, s, e in run(cur, "lane_phases", step=step, ranks=list(ranks), sync_ns=SYNC_NS)]
     offsets = dict(cur.execute("SELECT rank, offset_ns FROM clock_offsets").fetchall())
     return Lanes(step, ranks, windows, _spans(segs), _spans(phases),
                  {r: int(offsets.get(r, 0) or 0) for r in ranks})

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 
@@ -45,6 +45,14 @@ class Store:
             yield cur
         finally:
             cur.close()
+
+
+class Loader(Protocol):
+    """A source analyzed once: `load` runs in a worker thread, then `store` is set."""
+
+    store: Store | None
+
+    def load(self, progress: Progress) -> Snapshot: ...
 
 
 def analyze_store(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None,

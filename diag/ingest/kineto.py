@@ -57,6 +57,10 @@ class _Args(msgspec.Struct, frozen=True):
     out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
     dtype: str | None = None
     seq: int | None = msgspec.field(default=None, name="Seq")
+    # Point-to-point: "Rank" is the peer's rank within the group; "Dst Rank"/"Src Rank" its global rank.
+    peer_group_rank: int | None = msgspec.field(default=None, name="Rank")
+    dst_rank: int | None = msgspec.field(default=None, name="Dst Rank")
+    src_rank: int | None = msgspec.field(default=None, name="Src Rank")
     rank_start: int | None = msgspec.field(default=None, name="Global rank start")
     rank_stride: int | None = msgspec.field(default=None, name="Global rank stride")
     in_split: msgspec.Raw = msgspec.field(default=_NO_RAW, name="In split size")
@@ -391,7 +395,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("dur_ns", I64), ("collective", S), ("pg_name", S), ("pg_desc", S),
         ("pg_ranks", pa.list_(I32)), ("pg_ranks_truncated", B), ("group_size", I32), ("in_nelems", I64),
         ("out_nelems", I64), ("dtype", S), ("seq", I64), ("global_rank_start", I32),
-        ("global_rank_stride", I32), ("in_split", BIN), ("out_split", BIN),
+        ("global_rank_stride", I32), ("in_split", BIN), ("out_split", BIN), ("peer_rank", I32),
     ),
     "other_events": _schema(
         ("ph", S), ("cat", S), ("name", S), ("pid", S), ("tid", S), ("ts_ns", I64), ("dur_ns", I64),
@@ -537,10 +541,23 @@ def _collective_rows(source: str, evs: list[_Event]) -> dict[str, list[Any]]:
             "pg_ranks_truncated": truncated, "group_size": a.group_size, "in_nelems": a.in_nelems,
             "out_nelems": a.out_nelems, "dtype": a.dtype, "seq": a.seq, "global_rank_start": a.rank_start,
             "global_rank_stride": a.rank_stride, "in_split": _text(a.in_split), "out_split": _text(a.out_split),
+            "peer_rank": _peer(a, ranks),
         }
         for k, col in rows.items():
             col.append(row[k])
     return rows
+
+
+def _peer(a: _Args, ranks: list[int] | None) -> int | None:
+    """The global rank on the other side of a send/recv."""
+    kind = (a.collective or "").lower()
+    if "send" not in kind and "recv" not in kind:
+        return None
+    direct = a.dst_rank if "send" in kind else a.src_rank
+    if direct is not None:
+        return direct
+    g = a.peer_group_rank
+    return ranks[g] if ranks is not None and g is not None and 0 <= g < len(ranks) else None
 
 
 def _raw_str(r: msgspec.Raw) -> str | None:

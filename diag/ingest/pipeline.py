@@ -29,6 +29,10 @@ from diag.ingest.discover import discover, rank_from_name
 from diag.ingest.kineto import SCHEMAS, device_props_for, rank_from_distributed_info, read_kineto
 from diag.ingest.source import DEFAULT_MAX_BYTES, read_source
 
+# Below this much input, starting worker processes (each imports pyarrow, msgspec, numpy: ~1 s)
+# costs more than it saves.
+_PARALLEL_BYTES = 32 * 1024**2
+
 
 @dataclass(frozen=True)
 class IngestOptions:
@@ -176,6 +180,8 @@ def ingest(
     result = IngestResult()
     seen: dict[str, str] = store.known_hashes(con)
     jobs = min(opts.jobs or os.cpu_count() or 1, len(files))
+    if opts.jobs is None and sum(os.path.getsize(f) for f in files) < _PARALLEL_BYTES:
+        jobs = 1
     outcomes = _in_process(files, con, known, opts, explicit, seen) if jobs <= 1 else \
         _in_workers(files, con, known, opts, explicit, seen, jobs)
     for i, (path, outcome) in enumerate(outcomes):

@@ -158,7 +158,8 @@ CREATE TABLE IF NOT EXISTS collective_args (
     global_rank_start  INTEGER,
     global_rank_stride INTEGER,
     in_split         JSON,
-    out_split        JSON
+    out_split        JSON,
+    peer_rank        INTEGER     -- send/recv: the other side's global rank ("Dst/Src Rank", or "Rank" in the group)
 );
 
 -- Counters ('C') and instants ('i', 'I'), metadata ('M') and anything else we do not type.

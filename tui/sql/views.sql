@@ -29,10 +29,11 @@ ORDER BY g.rank, g.start_ns;
 
 -- name: lane_phases
 -- What the host was doing, per rank: runs of consecutive launches from one phase (forward,
--- backward, optimizer, ...), from the first launch call's start to the last one's end, plus the
--- data-loader spans of the step's CPU span. Aligned.
+-- backward, optimizer, ...), from the first launch call's start to the last one's end; launch
+-- calls that took $sync_ns or more (the host blocked in the runtime, e.g. a synchronizing copy
+-- for loss.item()) as 'sync'; and the data-loader spans of the step's CPU span. Aligned.
 WITH launches AS (
-    SELECT rank, phase, launch_ts_ns, launch_end_ns,
+    SELECT rank, phase, launch_ts_ns, least(launch_end_ns, launch_ts_ns + $sync_ns) AS launch_end_ns,
            row_number() OVER (PARTITION BY rank ORDER BY launch_ts_ns)
          - row_number() OVER (PARTITION BY rank, phase ORDER BY launch_ts_ns) AS run
     FROM activities
@@ -42,6 +43,11 @@ runs AS (
     SELECT rank, phase, min(launch_ts_ns) AS start_ns, max(launch_end_ns) AS end_ns
     FROM launches GROUP BY rank, phase, run
 ),
+blocked AS (
+    SELECT rank, 'sync' AS phase, launch_ts_ns AS start_ns, launch_end_ns AS end_ns
+    FROM activities
+    WHERE step = $step AND list_contains($ranks, rank) AND launch_end_ns - launch_ts_ns >= $sync_ns
+),
 loader AS (
     SELECT c.rank, 'dataloader' AS phase, c.ts_ns AS start_ns, c.ts_ns + c.dur_ns AS end_ns
     FROM cpu_ops c JOIN steps s ON s.file_id = c.file_id AND s.step = $step
@@ -49,7 +55,8 @@ loader AS (
       AND c.ts_ns < s.cpu_end_ns AND c.ts_ns + c.dur_ns > s.cpu_start_ns
 )
 SELECT r.rank, r.phase, r.start_ns + coalesce(o.offset_ns, 0) AS start_ns, r.end_ns + coalesce(o.offset_ns, 0) AS end_ns
-FROM (SELECT * FROM runs UNION ALL SELECT * FROM loader) r LEFT JOIN clock_offsets o USING (rank)
+FROM (SELECT * FROM runs UNION ALL SELECT * FROM blocked UNION ALL SELECT * FROM loader) r
+LEFT JOIN clock_offsets o USING (rank)
 ORDER BY r.rank, r.start_ns;
 
 -- name: under_cursor

@@ -140,5 +140,5 @@ class Findings(View):
         t = self.query_one("#fd-evidence", DataTable)
         t.clear()
         for i, p in enumerate(places):
-            arrow = {"timeline": "⏵ timeline  ", "collectives": "⏵ collectives  "}.get(target_of(p) or "", "")
+            arrow = {"timeline": "→ timeline     ", "collectives": "→ collectives  "}.get(target_of(p) or "", "")
             t.add_row(Text(arrow, style="dim") + Text(p.label), key=str(i))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -92,8 +94,10 @@ class Overview(View):
         if not r["findings"]:
             t.add_row(Text("no findings above their thresholds", style="dim"), "", "")
         notes = Text()
+        # Paths under the opened directory's parent read from there: the user knows where that is.
+        base = str(Path(snap.source).resolve().parent) + os.sep
         for n in r["notes"]:
-            notes.append(f"• {n}\n", style="dim")
+            notes.append(f"• {n.replace(base, '')}\n", style="dim")
         self.query_one("#ov-notes", Static).update(notes)
 
     @on(DataTable.RowSelected, "#ov-findings")

@@ -14,7 +14,7 @@ from tui.palette import HEAT
 from tui.queries import METRICS, STEP_TIME, HeatGrid, Place, fmt_seconds
 from tui.snapshot import Snapshot
 from tui.views.base import Jump, View
-from tui.widgets.heatmap import Heatmap, fmt_value, unit_of
+from tui.widgets.heatmap import Heatmap, fmt_unit, fmt_value, unit_of
 
 
 def cell_detail(grid: HeatGrid, row: int, col: int) -> Text:
@@ -39,9 +39,50 @@ def cell_detail(grid: HeatGrid, row: int, col: int) -> Text:
     return t
 
 
+def outlier(grid: HeatGrid, metric: str) -> tuple[int, float, float] | None:
+    """The rank whose mean over steps is furthest from the median rank's: (rank, its mean, median).
+
+    Reported only when it stands out: beyond 3 median absolute deviations of the rank means and
+    5% of the median (a straggler is one rank that the others wait for; noise is many small ones).
+    """
+    values = grid.values[metric]
+    with np.errstate(all="ignore"):
+        means = np.nanmean(values, axis=1) if values.size else values
+    ok = np.isfinite(means)
+    if ok.sum() < 3:
+        return None
+    median = float(np.median(means[ok]))
+    dev = np.where(ok, np.abs(means - median), -1.0)
+    i = int(dev.argmax())
+    mad = float(np.median(np.abs(means[ok] - median)))
+    scale = max(abs(median), 1e-12)
+    if dev[i] <= 3 * mad or dev[i] <= 0.05 * scale:
+        return None
+    return grid.ranks[i], float(means[i]), median
+
+
+def strongest_outlier(grid: HeatGrid) -> tuple[str, int, float, float] | None:
+    """Over all metrics, the outlier that moves the most of the step: (metric, rank, mean, median).
+
+    Buckets deviate in fractions of the step already; the step time's deviation is made one by
+    dividing by the median step.
+    """
+    best: tuple[float, tuple[str, int, float, float]] | None = None
+    for m in METRICS:
+        out = outlier(grid, m)
+        if out is None:
+            continue
+        rank, mean, median = out
+        weight = abs(mean - median) / (abs(median) if m == STEP_TIME else 1.0)
+        if best is None or weight > best[0]:
+            best = (weight, (m, rank, mean, median))
+    return None if best is None else best[1]
+
+
 class Ranks(View):
     BINDINGS = [
         Binding("m", "metric(1)", "Metric"),
+        Binding("o", "outlier", "Outlier"),
         Binding("M", "metric(-1)", "Metric ←", show=False),
         Binding("s", "metric_to('step_time')", "Step time", show=False),
     ]
@@ -69,6 +110,17 @@ class Ranks(View):
         h.metric = METRICS[(METRICS.index(h.metric) + delta) % len(METRICS)]
         self._head()
 
+    def action_outlier(self) -> None:
+        """Show the metric in which a rank stands out most, and select that rank."""
+        h = self.query_one(Heatmap)
+        if h.grid is None:
+            return
+        best = strongest_outlier(h.grid)
+        if best is not None:
+            h.metric = best[0]
+            h.row = h.grid.ranks.index(best[1])
+        self._head()
+
     def action_metric_to(self, metric: str) -> None:
         self.query_one(Heatmap).metric = metric
         self._head()
@@ -89,7 +141,21 @@ class Ranks(View):
             if finite.size:
                 t.append(f"  {fmt_value(h.metric, float(finite.min()))}–{fmt_value(h.metric, float(finite.max()))}",
                          style="dim")
-        t.append("   m: next metric · enter: open the step", style="dim")
+            t.append("\n")
+            out = outlier(h.grid, h.metric)
+            if out is not None:
+                rank, mean, median = out
+                t.append(f"r{rank} stands out", style="bold yellow")
+                t.append(f": {fmt_unit(h.metric, mean)} vs {fmt_unit(h.metric, median)} for the median rank · ")
+            else:
+                t.append("no rank stands out here", style="dim")
+                best = strongest_outlier(h.grid)
+                if best is not None:
+                    metric, rank, mean, median = best
+                    t.append(f"; r{rank} does in {metric}", style="bold yellow")
+                    t.append(f" ({fmt_unit(metric, mean)} vs {fmt_unit(metric, median)}): o shows it")
+                t.append(" · ", style="dim")
+        t.append("m: next metric · enter: open the step", style="dim")
         self.query_one("#rk-head", Static).update(t)
 
     @on(Heatmap.CellChanged)

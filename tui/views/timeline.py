@@ -165,6 +165,6 @@ class Timeline(View):
                       right("" if not a.flops else f"{a.flops / 1e9:.3g}"), a.kclass + (f" {a.collective}" if a.collective else ""),
                       right(f"{(a.ts_ns + offset - origin) / 1e6:.3f}"), a.name, a.op_name or "")
         if u.total > len(u.activities):
-            t.add_row("", "", "", Text(f"… {u.total - len(u.activities)} more", style="dim"), "", "", "")
+            t.add_row("", "", "", "", "", Text(f"… {u.total - len(u.activities)} more", style="dim"), "")
         if not u.activities:
-            t.add_row("", "", "", Text("nothing on the GPU here", style="dim"), "", "", "")
+            t.add_row("", "", "", "", "", Text("nothing on the GPU here", style="dim"), "")

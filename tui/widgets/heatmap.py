@@ -26,8 +26,12 @@ def fmt_value(metric: str, v: float | None) -> str:
         return "·"
     if metric == STEP_TIME:
         ms = v * 1e3
-        return f"{ms:.3g}" if ms < 1000 else f"{ms:.0f}"
+        return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
     return f"{v * 100:.1f}"
+
+
+def fmt_unit(metric: str, v: float | None) -> str:
+    return fmt_value(metric, v) + (" ms" if metric == STEP_TIME else "%")
 
 
 def unit_of(metric: str) -> str:
@@ -50,7 +54,7 @@ class Heatmap(Widget, can_focus=True):
     ]
 
     DEFAULT_CSS = """
-    Heatmap { height: 1fr; }
+    Heatmap { height: 1fr; width: 1fr; }
     """
 
     class CellChanged(Message):
@@ -144,13 +148,13 @@ class Heatmap(Widget, can_focus=True):
         grid = self.grid
         width = self.size.width
         if grid is None or not grid.ranks:
-            return Strip.blank(width)
+            return Strip.blank(width, self.rich_style)
         self._scroll_to_cursor()
         if y == 0:
             return self._header(grid, width)
         row = self._top + y - 1
         if row >= len(grid.ranks):
-            return Strip.blank(width)
+            return Strip.blank(width, self.rich_style)
         lo, hi = self._range(grid, self.metric)
         selected_row = row == self.row
         label = f"r{grid.ranks[row]}"
@@ -168,14 +172,20 @@ class Heatmap(Widget, can_focus=True):
             if selected_row and c == self.col:
                 style += Style(bold=True, underline=True, reverse=self.has_focus)
             segs.append(Segment(text, style))
-        return Strip(segs).adjust_cell_length(width)
+        return Strip(segs).adjust_cell_length(width).apply_style(self.rich_style)
 
     def _range(self, grid: HeatGrid, metric: str) -> tuple[float, float]:
         key = (id(grid), metric)
         if self._range_cache[0] != key:
             values = grid.values[metric]
             finite = values[np.isfinite(values)]
-            self._range_cache = (key, (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0))
+            lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+            # Noise is not news: the scale spans at least 10% of the median step, or 5 points of a bucket.
+            least = 0.1 * float(np.median(finite)) if metric == STEP_TIME and finite.size else 0.05
+            if hi - lo < least:
+                mid = (hi + lo) / 2
+                lo, hi = mid - least / 2, mid + least / 2
+            self._range_cache = (key, (lo, hi))
         return self._range_cache[1]
 
     def _header(self, grid: HeatGrid, width: int) -> Strip:
@@ -184,4 +194,4 @@ class Heatmap(Widget, can_focus=True):
         for c in range(self._left, min(len(grid.steps), self._left + ncols)):
             text = str(grid.steps[c]).rjust(CELL - 1) + " "
             segs.append(Segment(text, Style(bold=c == self.col)))
-        return Strip(segs).adjust_cell_length(width)
+        return Strip(segs).adjust_cell_length(width).apply_style(self.rich_style)

@@ -42,7 +42,7 @@ class LanesWidget(Widget, can_focus=True):
     ]
 
     DEFAULT_CSS = """
-    LanesWidget { height: 1fr; }
+    LanesWidget { height: auto; max-height: 75%; }
     """
 
     class CursorMoved(Message):
@@ -108,7 +108,10 @@ class LanesWidget(Widget, can_focus=True):
 
     def show(self, data: Lanes, rank: int | None, focus_ns: tuple[int, int] | None) -> None:
         """New lanes; select `rank`, and frame `focus_ns` (an activity) or the whole step."""
+        resized = self.data is None or len(self.data.ranks) != len(data.ranks)
         self.data = data
+        if resized:
+            self.refresh(layout=True)
         self.sel = data.ranks.index(rank) if rank in data.ranks else 0
         lo, hi = data.span_ns
         if focus_ns is not None:
@@ -202,6 +205,9 @@ class LanesWidget(Widget, can_focus=True):
     def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
         self.action_zoom(1)
 
+    def get_content_height(self, container: object, viewport: object, width: int) -> int:
+        return 1 + 2 * (len(self.data.ranks) if self.data else 1)
+
     # --- drawing ----------------------------------------------------------------------------------
 
     def _row(self, rank: int, kind: str) -> list[str | None]:
@@ -223,13 +229,13 @@ class LanesWidget(Widget, can_focus=True):
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         if self.data is None:
-            return Strip.blank(width)
+            return Strip.blank(width, self.rich_style)
         self._scroll_to_selection()
         if y == 0:
             return self._axis(width)
         lane = self.top + (y - 1) // 2
         if lane >= len(self.data.ranks):
-            return Strip.blank(width)
+            return Strip.blank(width, self.rich_style)
         rank = self.data.ranks[lane]
         gpu_row = (y - 1) % 2 == 1
         selected = lane == self.sel
@@ -258,7 +264,7 @@ class LanesWidget(Widget, can_focus=True):
                 style = Style(color=fg, bgcolor=bg, bold=True)
                 ch = "┃"
             segs.append(Segment(ch, style))
-        return Strip(segs).simplify().adjust_cell_length(width)
+        return Strip(segs).simplify().adjust_cell_length(width).apply_style(self.rich_style)
 
     def _axis(self, width: int) -> Strip:
         assert self.data is not None
@@ -277,7 +283,7 @@ class LanesWidget(Widget, can_focus=True):
             t += step
         chars[self.cursor_col] = "▼"
         return Strip([Segment("ms".rjust(lw - 1) + " ", Style(dim=True)),
-                      Segment("".join(chars), Style(dim=True))]).adjust_cell_length(width)
+                      Segment("".join(chars), Style(dim=True))]).adjust_cell_length(width).apply_style(self.rich_style)
 
 
 def _ms(t_ns: float, step_ns: float) -> str:

@@ -1,0 +1,309 @@
+"""The TUI on a generated trace: its queries, navigation driven by Pilot, and SVG snapshots.
+
+The trace: 4 data-parallel ranks, 3 steps; rank 2 is 40% slow (a straggler the others wait for
+in every gradient all-reduce), the all-reduce runs after the backward pass (exposed), and the
+data loader stalls each step. It fires MFU006 (step evidence), MFU005 and MFU001 (collective
+evidence). Snapshots: `pytest tests/test_tui.py --snapshot-update` after reviewing the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import DataTable
+
+from diag.engine import AnalyzeOptions
+from diag.ingest.pipeline import IngestOptions
+from fixtures.generate import generate
+from fixtures.scenarios import Scenario
+from tui import queries
+from tui.app import DiagApp
+from tui.queries import CollectiveGroup, Place, Spans
+from tui.raster import rasterize
+from tui.snapshot import Snapshot, link_for
+from tui.sources import PostMortem, Progress, Store
+from tui.views.collectives import Collectives
+from tui.views.findings import Findings
+from tui.views.timeline import Timeline
+from tui.widgets.heatmap import Heatmap
+from tui.widgets.lanes import LanesWidget
+
+SCENARIO = Scenario(
+    name="tui", world_size=4, steps=3, layers=2, straggler_rank=2, straggler_slowdown=1.4,
+    grad_sync="after_backward", loader_us=400.0,
+)
+STRAGGLER = 2
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A source that was analyzed once for the whole module: every app below shows the same snapshot."""
+
+    store: Store | None
+    snapshot: Snapshot
+
+    def load(self, progress: Progress) -> Snapshot:
+        return self.snapshot
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loaded]:
+    out = tmp_path_factory.mktemp("tui") / "trace"      # the top bar shows the name: keep it fixed
+    generate(SCENARIO, out)
+    source = PostMortem(str(out), None, AnalyzeOptions(), IngestOptions(jobs=1))
+    snap = source.load(lambda text, frac: None)
+    yield Loaded(source.store, snap)
+    assert source.store is not None
+    source.store.con.close()
+
+
+def make_app(loaded: Loaded, theme: str = "textual-dark") -> DiagApp:
+    app = DiagApp(loaded, theme=theme)
+    app.animation_level = "none"
+    return app
+
+
+async def settle(pilot: Pilot[Any]) -> None:
+    """Until no worker runs: queries post their results, which may start more queries."""
+    app = pilot.app
+    for _ in range(200):
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if not any(w.is_running for w in app.workers) and app.snapshot is not None:
+            return
+    raise AssertionError("the app kept working for too long")
+
+
+def keys(*pressed: str) -> Callable[[Pilot[Any]], Any]:
+    async def run(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        for k in pressed:
+            await pilot.press(k)
+            await settle(pilot)
+
+    return run
+
+
+def sync(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run a Pilot scenario as a plain test (no async plugin needed)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+def finding_index(snap: Snapshot, code: str) -> int:
+    assert snap.report is not None
+    return next(i for i, f in enumerate(snap.report["findings"]) if f["code"] == code)
+
+
+# --- queries (no terminal) ---------------------------------------------------------------------------
+
+
+def test_heat_grid_shows_the_straggler(loaded: Loaded) -> None:
+    heat = loaded.snapshot.heat
+    assert heat is not None and heat.ranks == (0, 1, 2, 3) and len(heat.steps) == 3
+    # Everyone waits for rank 2 but rank 2 itself: its row is the coolest of the straggler bucket.
+    waits = heat.values["straggler"]
+    assert all(waits[STRAGGLER, c] < min(waits[r, c] for r in (0, 1, 3)) for c in range(3))
+    assert all(heat.value("step_time", r, c) for r in range(4) for c in range(3))
+
+
+def test_collective_groups_add_up(loaded: Loaded) -> None:
+    assert loaded.store is not None
+    with loaded.store.reader() as cur:
+        row = cur.execute("SELECT count(*), sum(end_ns - ts_ns) FROM collectives").fetchone()
+    assert row is not None
+    groups = loaded.snapshot.collectives
+    assert sum(g.calls for g in groups) == row[0]
+    assert sum(g.time_s for g in groups) == pytest.approx(row[1] * 1e-9)
+    assert all(0 <= g.exposed_s <= g.time_s + 1e-12 and g.wait_s <= g.time_s for g in groups)
+    dp = max(groups, key=lambda g: g.wait_s)
+    assert dp.collective == "allreduce" and dp.last_rank == STRAGGLER and dp.last_count == dp.instances
+
+
+def test_evidence_resolves_to_places(loaded: Loaded) -> None:
+    report = loaded.snapshot.report
+    assert report is not None and loaded.store is not None
+    by_code = {f["code"]: f for f in report["findings"]}
+    with loaded.store.reader() as cur:
+        coll = queries.resolve(cur, by_code["MFU005"]["evidence"][0])
+        step = queries.resolve(cur, by_code["MFU006"]["evidence"][0])
+        kernel = queries.resolve(cur, "act:1:0")
+        first = cur.execute("SELECT name, rank FROM activities WHERE file_id = 1 ORDER BY rowid LIMIT 1").fetchone()
+        missing = queries.resolve(cur, "coll:no-such-instance")
+    assert coll.collective_key in [g.key for g in loaded.snapshot.collectives]
+    assert coll.rank == STRAGGLER and coll.step is not None and coll.ts_ns is not None
+    assert step.rank is not None and step.step is not None and step.instance is None
+    assert first is not None and kernel.rank == first[1] and first[0] in kernel.label
+    assert missing.rank is None and "not found" in missing.label
+
+
+def test_rasterize_is_exact_at_any_zoom() -> None:
+    import numpy as np
+
+    spans = Spans(np.array([0, 10, 30], np.int64), np.array([10, 30, 40], np.int64), ("a", "b", "a"))
+    assert rasterize(spans, 0, 40, 4) == ["a", "b", "b", "a"]
+    assert rasterize(spans, 0, 30, 2) == ["a", "b"]            # [0,15): a 10 µs, b 5; [15,30): b
+    assert rasterize(spans, 50, 60, 3) == [None, None, None]
+    assert rasterize(spans, 5, 15, 2) == ["a", "b"]
+
+
+def test_links_by_host() -> None:
+    def group(ranks: tuple[int, ...]) -> CollectiveGroup:
+        return CollectiveGroup("0", None, "allreduce", 20, 1, 1, 1, 1, len(ranks), len(ranks), ranks,
+                               1.0, 1.0, 0.0, 100.0, None, 0)
+
+    nvlink = link_for(group((0, 1, 2, 3)), 8, 450.0)
+    ib = link_for(group((0, 8)), 8, 450.0)
+    assert nvlink is not None and nvlink.name == "NVLink" and nvlink.gbps == 450.0
+    assert ib is not None and ib.name == "IB NDR" and ib.gbps == 50.0
+    assert link_for(group((0, 1)), 8, None) is None          # the part's NVLink is unknown
+
+
+# --- navigation ----------------------------------------------------------------------------------------
+
+
+@sync
+async def test_finding_jumps_to_its_collective_then_the_timeline(loaded: Loaded) -> None:
+    app = make_app(loaded)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        idx = finding_index(loaded.snapshot, "MFU005")
+        await keys("2", *(["down"] * idx), "enter", "enter")(pilot)
+        assert app.current == "collectives"
+        view = app.query_one(Collectives)
+        table = view.query_one("#co-instances", DataTable)
+        assert loaded.snapshot.report is not None
+        evidence = loaded.snapshot.report["findings"][idx]["evidence"][0]
+        chosen = view.instances[table.cursor_row]
+        assert f"coll:{chosen.instance}" == evidence
+        await keys("enter")(pilot)
+        assert app.current == "timeline"
+        tl = app.query_one(Timeline)
+        lanes = app.query_one(LanesWidget)
+        assert tl.step == chosen.step and lanes.rank == STRAGGLER == chosen.last_rank
+        assert chosen.aligned_ts_ns is not None and chosen.aligned_end_ns is not None
+        assert chosen.aligned_ts_ns <= lanes.cursor_ns <= chosen.aligned_end_ns
+        await keys("escape")(pilot)
+        assert app.current == "collectives"
+
+
+@sync
+async def test_step_evidence_opens_that_rank_step(loaded: Loaded) -> None:
+    app = make_app(loaded)
+    async with app.run_test(size=(120, 40)) as pilot:
+        idx = finding_index(loaded.snapshot, "MFU006")
+        await keys("2")(pilot)
+        app.query_one(Findings).select(idx)
+        await keys("g")(pilot)
+        assert loaded.snapshot.report is not None
+        _, rank, step = loaded.snapshot.report["findings"][idx]["evidence"][0].split(":")
+        assert app.current == "timeline"
+        assert (app.query_one(Timeline).step, app.query_one(LanesWidget).rank) == (int(step), int(rank))
+
+
+@sync
+async def test_heatmap_cell_opens_the_rank_step(loaded: Loaded) -> None:
+    app = make_app(loaded)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await keys("3", "right", "down", "down")(pilot)
+        heat = app.query_one(Heatmap)
+        assert heat.grid is not None
+        rank, step = heat.grid.ranks[2], heat.grid.steps[1]
+        await keys("m")(pilot)
+        assert heat.metric != "step_time"
+        await keys("enter")(pilot)
+        assert app.current == "timeline"
+        assert (app.query_one(Timeline).step, app.query_one(LanesWidget).rank) == (step, rank)
+
+
+@sync
+async def test_kernel_evidence_puts_the_cursor_on_it(loaded: Loaded) -> None:
+    app = make_app(loaded)
+    assert loaded.store is not None
+    with loaded.store.reader() as cur:
+        # The longest GEMM of rank 1: act ids count a file's activities in the order they were written.
+        idx = cur.execute(
+            "SELECT i, name FROM (SELECT rowid - min(rowid) OVER () AS i, * FROM activities WHERE file_id = 2) "
+            "WHERE kclass = 'gemm' ORDER BY end_ns - ts_ns DESC LIMIT 1"
+        ).fetchone()
+        assert idx is not None
+        place = queries.resolve(cur, f"act:2:{idx[0]}")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        from tui.views.base import Jump
+
+        app.post_message(Jump("timeline", place))
+        await settle(pilot)
+        lanes = app.query_one(LanesWidget)
+        assert lanes.rank == place.rank and app.query_one(Timeline).step == place.step
+        under = app.query_one("#tl-under", DataTable)
+        names = [str(under.get_row_at(i)[5]) for i in range(under.row_count)]
+        assert idx[1] in names
+
+
+@sync
+async def test_timeline_keys_zoom_pan_and_step(loaded: Loaded) -> None:
+    app = make_app(loaded)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await keys("4")(pilot)
+        lanes = app.query_one(LanesWidget)
+        full = lanes.view[1] - lanes.view[0]
+        await keys("right", "right", "plus", "plus")(pilot)
+        assert lanes.view[1] - lanes.view[0] == pytest.approx(full / 4)
+        at = lanes.cursor_ns
+        await keys("shift+right")(pilot)
+        assert lanes.cursor_ns > at
+        await keys("0")(pilot)
+        assert lanes.view[1] - lanes.view[0] == pytest.approx(full)
+        heat = loaded.snapshot.heat
+        assert heat is not None
+        await keys("right_square_bracket")(pilot)
+        assert app.query_one(Timeline).step == heat.steps[1]
+        await keys("down")(pilot)
+        assert lanes.rank == heat.ranks[1]
+
+
+# --- snapshots (review the SVGs before --snapshot-update) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "pressed"),
+    [
+        ("overview", (120, 40), ()),
+        ("overview", (80, 24), ()),
+        ("findings", (120, 40), ("2",)),
+        ("ranks", (120, 40), ("3", "down", "down")),
+        ("timeline", (120, 40), ("4", "right", "right", "right")),
+        ("timeline", (80, 24), ("4", "plus")),
+        ("collectives", (120, 40), ("5",)),
+        ("help", (80, 24), ("question_mark",)),
+    ],
+    ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) and all(isinstance(v, int) for v in x) else None,
+)
+def test_screens(snap_compare: Any, loaded: Loaded, name: str, size: tuple[int, int], pressed: tuple[str, ...]) -> None:
+    assert snap_compare(make_app(loaded), terminal_size=size, run_before=keys(*pressed))
+
+
+def test_light_theme(snap_compare: Any, loaded: Loaded) -> None:
+    assert snap_compare(make_app(loaded, theme="textual-light"), terminal_size=(120, 40),
+                        run_before=keys("3", "s"))
+
+
+def test_places_default_to_no_jump() -> None:
+    from tui.views.findings import target_of
+
+    assert target_of(Place("nothing")) is None
+    assert target_of(Place("x", rank=1, step=2)) == "timeline"
+    assert target_of(Place("x", rank=1, step=2, instance="i")) == "collectives"
+
