@@ -28,13 +28,21 @@ def add_ingest_options(p: argparse.ArgumentParser) -> None:
                    help=f"refuse files that decompress beyond this many bytes (default {DEFAULT_MAX_BYTES})")
     p.add_argument("--rank", type=int, default=None,
                    help="rank of a single file whose trace and name carry none")
-    p.add_argument("--jobs", type=int, default=None, help="parallel parse processes (default: one per core)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="parallel parse workers (default: one per core; with --executor ray, the cluster's CPUs)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where parse workers run: local processes, or Ray tasks on the cluster RAY_ADDRESS names "
+                        "(else a local Ray)")
+    p.add_argument("--spill-dir", default=None,
+                   help="where workers write Parquet for the store to load (default: the temporary directory); "
+                        "with Ray on several machines, storage every node mounts at the same path")
 
 
 def ingest_options(args: argparse.Namespace) -> object:
     from diag.ingest.pipeline import IngestOptions
 
-    return IngestOptions(salvage=args.salvage, max_bytes=args.max_bytes, rank=args.rank, jobs=args.jobs)
+    return IngestOptions(salvage=args.salvage, max_bytes=args.max_bytes, rank=args.rank, jobs=args.jobs,
+                         executor=args.executor, spill_dir=args.spill_dir)
 
 
 def _run_ingest(args: argparse.Namespace) -> int:

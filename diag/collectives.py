@@ -89,7 +89,7 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
         kname = tl.collective[i] or "unknown"
         step = int(tl.step_of[i])
         if a is None:
-            if kname == "sendrecv":
+            if kname == "sendrecv" and not tl.host_timeline:
                 # NCCL runs all-to-all as grouped send/recv: without the CPU-side op we cannot
                 # tell a pipeline transfer from an all-to-all, so it is not called a bubble.
                 kname = "alltoall|sendrecv"

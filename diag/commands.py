@@ -68,6 +68,39 @@ def _register_mfu(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.set_defaults(handler=run_mfu)
 
 
+def _register_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("demo", help="generate a small 8-rank H100 run with known causes, analyze it, open the UI")
+    p.add_argument("--out", default=None, help="keep the generated traces here (default: a temporary directory)")
+    p.add_argument("--no-tui", action="store_true", help="print the report instead of opening the UI")
+    p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    p.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    """The fixture generator's `demo` case: exposed all-reduce, a straggler (rank 5) and a slow
+    data loader, on 8 H100 SXM ranks, with the model.toml that describes it."""
+    import tempfile
+
+    from fixtures.generate import generate
+
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="diag-demo-"))
+    truth = generate("demo", out)
+    print(f"diag demo: {truth.world_size} ranks × {truth.steps} steps written to {out}", file=sys.stderr)
+    if not args.no_tui:
+        from diag.engine import AnalyzeOptions
+        from diag.ingest.pipeline import IngestOptions
+        from tui.app import DiagApp
+        from tui.sources import PostMortem
+
+        return int(DiagApp(PostMortem(str(out), None, AnalyzeOptions(), IngestOptions())).run() or 0)
+    from diag.api import analyze_path
+    from diag.report import render
+
+    _, report = analyze_path(str(out))
+    sys.stdout.write(render(report, args.format))
+    return ExitCode.OK
+
+
 def _register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from diag.gate import register_gate
 
@@ -99,5 +132,5 @@ def _register_ui(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 REGISTER: tuple[Register, ...] = (
-    _register_analyze, _register_mfu, _register_gate, _register_capture, _register_example, _register_ui,
+    _register_analyze, _register_demo, _register_mfu, _register_gate, _register_capture, _register_example, _register_ui,
 )

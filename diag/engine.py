@@ -51,7 +51,8 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
         by_file[c.file_id].collective[c.act] = c.collective   # the CPU side names it better than the kernel
     matched = match(calls)
     offsets = clock_offsets(matched, [tl.rank for tl in timelines])
-    peak = resolve_peak(timelines, opts)
+    host = any(tl.host_timeline for tl in timelines)
+    peak = _host_peak(timelines, opts) if host else resolve_peak(timelines, opts)
     world = max([tl.world_size or 0 for tl in timelines] + [len({tl.rank for tl in timelines})])
 
     states: dict[tuple[int, int], StepStates] = {}
@@ -69,6 +70,8 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
                for tl in timelines for i in range(len(tl.steps.step))]
     mfu, hfu = _utilization(states, peak)
     run = RunContext(timelines, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed)
+    if host:
+        run.notes.append(HOST_NOTE)
     run.notes.append(flops_source)
     run.notes.append(f"peak: {peak.source}")
     for tl in timelines:
@@ -84,6 +87,18 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     analysis = Analysis(run, findings, spec, flops_source, runs)
     write_tables(con, analysis)
     return analysis
+
+
+HOST_NOTE = (
+    "CPU-only trace (no GPU activity): the host timeline stands in for the GPU's — compute = inside "
+    "aten ops, communication = inside gloo collectives, idle = neither; MFU is not reported against a GPU peak"
+)
+
+
+def _host_peak(timelines: list[RankTimeline], opts: AnalyzeOptions) -> Peak:
+    """No GPU ran: there is no peak to measure against, whatever --gpu says."""
+    return Peak(None, None, None, _gemm_dtype(timelines) or "fp32", "no GPU in the trace: MFU not applicable",
+                opts.peak_tflops, None, None)
 
 
 def resolve_peak(timelines: list[RankTimeline], opts: AnalyzeOptions) -> Peak:
@@ -238,10 +253,10 @@ def write_tables(con: duckdb.DuckDBPyConnection, a: Analysis) -> None:
     step_no = {(tl.file_id, i): tl.steps.step[i] for tl in run.timelines for i in range(len(tl.steps.step))}
     rank_of = {tl.file_id: tl.rank for tl in run.timelines}
     con.executemany(
-        f"INSERT INTO gpu_states VALUES ({', '.join('?' * 18)})",
+        f"INSERT INTO gpu_states VALUES ({', '.join('?' * 19)})",
         [(fid, rank_of[fid], step_no[(fid, i)], st.window_ns, st.compute_ns, st.comm_ns, st.copy_ns, st.idle_ns,
           st.matmul_ns, st.non_matmul_ns, st.p2p_only_ns, st.wait_ns, st.dataloader_ns, st.host_bound_ns,
-          st.model_flops, st.exec_flops, st.recompute_flops, st.fwd_flops) for (fid, i), st in run.states.items()],
+          st.recompute_ns, st.model_flops, st.exec_flops, st.recompute_flops, st.fwd_flops) for (fid, i), st in run.states.items()],
     )
     con.executemany(
         "INSERT INTO ledger VALUES (?, ?, ?, ?, ?)",

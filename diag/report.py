@@ -33,6 +33,7 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "world_size": run.world_size,
         "ranks": sorted(by_rank),
         "steps": len(by_step),
+        "timeline": "host" if any(tl.host_timeline for tl in run.timelines) else "gpu",
         "device": {"name": run.peak.part_name, "part": run.peak.part_key, "peak_tflops": run.peak.tflops,
                    "dtype": run.peak.dtype, "peak_source": run.peak.source},
         "step_time_s": statistics.median(windows) if windows else None,
@@ -86,6 +87,8 @@ def _pct(x: float | None) -> str:
 def _header(r: dict[str, Any]) -> list[str]:
     d = r["device"]
     peak = "unknown peak" if d["peak_tflops"] is None else f"dense {d['dtype']} peak {d['peak_tflops']:g} TFLOP/s"
+    if r.get("timeline") == "host":
+        peak = "CPU-only run: host timeline in place of the GPU's, no MFU"
     st = r["step_time_s"]
     return [
         f"{r['world_size']} ranks × {r['steps']} steps · {d['name'] or 'unknown GPU'} · {peak}",

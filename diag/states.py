@@ -31,6 +31,7 @@ class StepStates:
     wait_ns: int           # → straggler
     dataloader_ns: int     # → dataloader
     host_bound_ns: int     # → host_bound
+    recompute_ns: int      # compute while recomputed forward work runs (→ recompute when no peak)
     model_flops: float
     exec_flops: float
     recompute_flops: float
@@ -70,6 +71,7 @@ def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStat
             "coll": pick(is_comm & ~is_p2p),
             "wait": waits,
             "dataloader": tl.dataloader_spans,
+            "recompute": pick(is_kernel & ~is_comm & (np.array(tl.phase, dtype=object) == "recompute")),
         },
         cuts=np.concatenate([wstart, wend]),
     )
@@ -94,7 +96,7 @@ def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStat
         "compute": per_window(compute), "comm": per_window(comm), "copy": per_window(copy),
         "idle": per_window(idle), "matmul": per_window(compute & (a["matmul"] > 0)),
         "p2p": per_window(p2p_only), "wait": per_window(waiting), "dl": per_window(dataloader),
-        "host": per_window(None, host),
+        "host": per_window(None, host), "recompute": per_window(compute & (a["recompute"] > 0)),
     }
     flops = _step_flops(tl)
     out = []
@@ -104,7 +106,7 @@ def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStat
             comm_ns=int(sums["comm"][i]), copy_ns=int(sums["copy"][i]), idle_ns=int(sums["idle"][i]),
             matmul_ns=int(sums["matmul"][i]), non_matmul_ns=int(sums["compute"][i] - sums["matmul"][i]),
             p2p_only_ns=int(sums["p2p"][i]), wait_ns=int(sums["wait"][i]), dataloader_ns=int(sums["dl"][i]),
-            host_bound_ns=int(sums["host"][i]), model_flops=0.0, exec_flops=flops["exec"][i],
+            host_bound_ns=int(sums["host"][i]), recompute_ns=int(sums["recompute"][i]), model_flops=0.0, exec_flops=flops["exec"][i],
             recompute_flops=flops["recompute"][i], fwd_flops=flops["forward"][i],
         ))
     state_idx = np.select([compute, comm, copy], [0, 1, 2], default=3).astype(np.int8)

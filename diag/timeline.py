@@ -18,6 +18,7 @@ import numpy.typing as npt
 from diag import flops as flops_mod
 from diag import kernels
 from diag.ingest.kineto import device_props_for
+from diag.links import normalize_collective
 from diag.phases import assign_phases, is_dataloader_span
 
 I64 = npt.NDArray[np.int64]
@@ -71,6 +72,7 @@ class RankTimeline:
     trace_flops: list[float | None]
     step_of: I64                      # step index (into steps) per activity, -1 when launched outside
     dataloader_spans: tuple[I64, I64]
+    host_timeline: bool = False       # no GPU activity: the activities are host ops (CPU-only run)
     warnings: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -88,14 +90,23 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     ops = _cpu_ops(con, file_id)
     phases = assign_phases(ops["tid"], ops["ts"], ops["end"], ops["name"], ops["fwd_tid"])
     by_ext = {e: i for i, e in enumerate(ops["external_id"]) if e is not None}
+    host = not acts["ts"]
+    if host:
+        acts = _host_activities(con, file_id)
 
     names = acts["name"]
-    classes = {nm: kernels.classify(nm or "") for nm in set(names)}
-    kclass = [
-        str(classes[nm]) if src == "kernel" else ("memset" if src == "memset" else "copy")
-        for nm, src in zip(names, acts["source"], strict=True)
-    ]
-    collective = [kernels.collective_of(nm or "") if k == "comm" else None for nm, k in zip(names, kclass, strict=True)]
+    if host:
+        kclass = [_host_class(nm or "") for nm in names]
+        collective = [normalize_collective(nm.split(":", 1)[1]) if k == "comm" else None
+                      for nm, k in zip(names, kclass, strict=True)]
+    else:
+        classes = {nm: kernels.classify(nm or "") for nm in set(names)}
+        kclass = [
+            str(classes[nm]) if src == "kernel" else ("memset" if src == "memset" else "copy")
+            for nm, src in zip(names, acts["source"], strict=True)
+        ]
+        collective = [kernels.collective_of(nm or "") if k == "comm" else None
+                      for nm, k in zip(names, kclass, strict=True)]
     # The launching op: by External id where the trace links them; else the innermost CPU op on
     # the launching thread that contains the launch call (older traces give runtime calls an
     # External id of their own that names no op).
@@ -121,7 +132,44 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
         launch_tid=acts["launch_tid"], external_id=acts["ext"], op_name=op_name, op_external_id=op_ext, phase=phase,
         flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops, step_of=step_of,
         dataloader_spans=(np.asarray([s for s, _ in dl], np.int64), np.asarray([e for _, e in dl], np.int64)),
+        host_timeline=host and len(names) > 0,
     )
+
+
+# CPU-only runs (gloo, no GPU): the host timeline stands in for the GPU's. Compute is time inside
+# aten ops, communication time inside gloo collectives (their spans include the wait for a late
+# rank, as an NCCL kernel's do), idle neither.
+_HOST_MATMUL = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
+
+
+def _host_class(name: str) -> str:
+    if name.startswith("gloo:"):
+        return "comm"
+    if name in _HOST_MATMUL:
+        return "gemm"
+    if "attention" in name:
+        return "attention"
+    return "other"
+
+
+def _host_activities(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any]]:
+    rows = con.execute(
+        """
+        SELECT name, tid, ts_ns, ts_ns + dur_ns, external_id FROM cpu_ops
+        WHERE file_id = ? AND ((cat = 'cpu_op' AND name LIKE 'aten::%') OR name LIKE 'gloo:%')
+        ORDER BY ts_ns, ts_ns + dur_ns
+        """,
+        [file_id],
+    ).fetchall()
+    n = len(rows)
+    return {
+        "source": ["kernel"] * n, "name": [r[0] for r in rows], "device": [None] * n,
+        "stream": [r[1] for r in rows], "ts": [r[2] for r in rows], "end": [r[3] for r in rows],
+        "correlation": [None] * n,
+        # A host op is its own launch (it belongs to the step it ran in) and never waits for one.
+        "launch_ts": [r[2] for r in rows], "launch_end": [None] * n, "ext": [r[4] for r in rows],
+        "launch_tid": [r[1] for r in rows],
+    }
 
 
 def innermost_ops(

@@ -58,8 +58,10 @@ class ExposedCollectives(Rule[Params]):
         summary = f"exposed communication {frac:.1%} of the step"
         if top:
             g = top[0]
-            summary += (f"; largest: {g.collective} on group {g.pg} (~{g.size_mib:.3g} MiB), "
-                        f"{g.exposed_ms:.2f} ms exposed over {g.count} calls")
+            summary += (f"; largest: {g.collective} on group {g.pg} (~{g.size_mib:.3g} MiB messages), "
+                        f"{g.exposed_ms:.2f} ms exposed in {g.count} calls over all ranks and steps")
+            if g.busbw_gbps is not None and g.link_gbps:
+                summary += f", bus bandwidth {g.busbw_gbps:.0f} GB/s against {g.link} {g.link_gbps:.0f} GB/s"
         advice = ("overlap gradient communication with backward: DDP bucket_cap_mb, Megatron "
                   "--overlap-grad-reduce/--overlap-param-gather, FSDP backward_prefetch/forward_prefetch; "
                   "tensor-parallel: --tp-comm-overlap")

@@ -43,6 +43,9 @@ class Recompute(Rule[Params]):
         peak = ctx.peak.flops_per_s
         if peak is not None:
             ledger.claim("recompute", ctx.states.recompute_flops / peak, ("matmul", "non_matmul"))
+        else:
+            # No peak (CPU-only run, unknown part): the time the recomputed ops took, measured.
+            ledger.claim("recompute", ctx.states.recompute_ns * 1e-9, ("matmul", "non_matmul"))
 
     def findings(self, run: RunContext) -> list[Finding]:
         frac = run.mean_fraction("recompute")

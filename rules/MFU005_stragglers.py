@@ -60,8 +60,8 @@ class Stragglers(Rule[Params]):
         total = sum(waited_for.values()) or 1.0
         culprits = [r for r, w in ranked if w / total >= 0.2][:4] or [r for r, _ in ranked[:1]]
         _, steps = run.involved("straggler", 0.0)
-        names = ", ".join(f"rank {r} ({waited_for[r] * 1e3:.1f} ms waited for, last in {last_count[r]} collectives)"
-                          for r in culprits)
+        names = ", ".join(f"rank {r} (last to arrive in {last_count[r]} collectives; the others waited "
+                          f"{waited_for[r] * 1e3:.1f} ms in total for it)" for r in culprits)
         summary = f"ranks wait {frac:.1%} of the step for late arrivals; the late: {names}"
         advice = (f"inspect rank(s) {', '.join(map(str, culprits))}: GPU throttling (nvidia-smi -q -d PERFORMANCE), "
                   "slow NIC/PCIe, a CPU-bound loader or noisy neighbour on that host; drain or replace it, "

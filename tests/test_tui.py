@@ -9,14 +9,17 @@ evidence). Snapshots: `pytest tests/test_tui.py --snapshot-update` after reviewi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable
+from textual.worker import WorkerCancelled
 
 from diag.engine import AnalyzeOptions
 from diag.ingest.pipeline import IngestOptions
@@ -69,16 +72,22 @@ def make_app(loaded: Loaded, theme: str = "textual-dark") -> DiagApp:
     return app
 
 
-async def settle(pilot: Pilot[Any]) -> None:
-    """Until no worker runs: queries post their results, which may start more queries."""
+async def settle(pilot: Pilot[Any], timeout_s: float = 20.0) -> None:
+    """Until the app is loaded and no worker runs, twice in a row: a query's result can start another."""
     app = pilot.app
-    for _ in range(200):
-        await pilot.pause()
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        if not any(w.is_running for w in app.workers) and app.snapshot is not None:
+    end = time.monotonic() + timeout_s
+    quiet = 0
+    while time.monotonic() < end:
+        with contextlib.suppress(WorkerCancelled):     # a newer query replaced it: by design
+            await app.workers.wait_for_complete()
+        await pilot.pause(0)
+        busy = any(w.is_running for w in app.workers) or not (isinstance(app, DiagApp) and app.snapshot)
+        quiet = 0 if busy else quiet + 1
+        if quiet >= 2:
             return
-    raise AssertionError("the app kept working for too long")
+        if busy:
+            await pilot.pause(0.01)
+    raise AssertionError(f"the app was still working after {timeout_s} s")
 
 
 def keys(*pressed: str) -> Callable[[Pilot[Any]], Any]:
@@ -248,7 +257,8 @@ async def test_kernel_evidence_puts_the_cursor_on_it(loaded: Loaded) -> None:
         lanes = app.query_one(LanesWidget)
         assert lanes.rank == place.rank and app.query_one(Timeline).step == place.step
         under = app.query_one("#tl-under", DataTable)
-        names = [str(under.get_row_at(i)[5]) for i in range(under.row_count)]
+        col = under.get_column_index("kernel")
+        names = [str(under.get_row_at(i)[col]) for i in range(under.row_count)]
         assert idx[1] in names
 
 
@@ -272,6 +282,32 @@ async def test_timeline_keys_zoom_pan_and_step(loaded: Loaded) -> None:
         assert app.query_one(Timeline).step == heat.steps[1]
         await keys("down")(pilot)
         assert lanes.rank == heat.ranks[1]
+
+
+@sync
+async def test_mouse_switches_views_and_opens_a_cell(loaded: Loaded) -> None:
+    from tui.app import nav_text
+
+    app = make_app(loaded)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.click("#nav", offset=(nav_text("overview").plain.index("3 Ranks") + 2, 0))
+        await settle(pilot)
+        assert app.current == "ranks"
+        heat = app.query_one(Heatmap)
+        # Row 1 of the widget is rank index 0; columns start after the rank labels.
+        cell = (7 + 8 + 2, 1 + 3)                # step index 1, rank index 3
+        await pilot.click(Heatmap, offset=cell)
+        await settle(pilot)
+        assert (heat.row, heat.col) == (3, 1) and app.current == "ranks"
+        await pilot.click(Heatmap, offset=cell)   # a second click on the selected cell opens it
+        await settle(pilot)
+        assert heat.grid is not None and app.current == "timeline"
+        assert (app.query_one(Timeline).step, app.query_one(LanesWidget).rank) == (heat.grid.steps[1], heat.grid.ranks[3])
+        await pilot.press("question_mark")
+        assert app.screen.__class__.__name__ == "Help"
+        await pilot.press("escape")
+        assert app.screen.__class__.__name__ != "Help" and app.current == "timeline"
 
 
 # --- snapshots (review the SVGs before --snapshot-update) --------------------------------------------------

@@ -338,6 +338,8 @@ def fmt_seconds(s: float | None) -> str:
     """A duration in the unit that keeps 3–4 significant digits: 1.23 s, 12.3 ms, 45.6 µs, 789 ns."""
     if s is None:
         return "–"
+    if s == 0:
+        return "0"
     a = abs(s)
     if a >= 1:
         return f"{s:.3g} s" if a < 100 else f"{s:.0f} s"

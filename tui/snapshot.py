@@ -47,7 +47,8 @@ class PendingFile:
     """A file seen in the live directory and not ingested yet: still being written, or truncated."""
 
     path: str
-    reason: str
+    size_bytes: int          # as last seen
+    reason: str              # 'being written', or why the last read failed
     stuck: bool              # unchanged for the settle time and still unreadable (a killed run's leftover)
 
 

@@ -92,7 +92,7 @@ class PostMortem:
         self.errors: list[BadInput] = []
 
     def load(self, progress: Progress) -> Snapshot:
-        progress(f"reading {self.path}", None)
+        progress(f"reading {Path(self.path).name}", None)
 
         def ingested(done: int, total: int, path: str) -> None:
             progress(f"ingesting {done}/{total}: {os.path.basename(path)}", done / max(total, 1))
@@ -140,9 +140,8 @@ class Live:
                  clock: Callable[[], float] = time.monotonic, settle_s: float = 30.0, idle_s: float = 60.0) -> None:
         self.directory = directory
         self.opts = opts
-        # Follow with one in-process parse per file: a pool of spawned processes costs ~1.5 s to
-        # start on 2 cores, most of the 2 s a new file has to reach the screens.
-        self.ingest_opts = dataclasses.replace(ingest_opts, salvage=False, jobs=1)
+        # Salvage only what stopped changing: a file still being written is not damaged, just unfinished.
+        self.ingest_opts = dataclasses.replace(ingest_opts, salvage=False)
         self.salvage = ingest_opts.salvage
         self.clock = clock
         self.settle_s = settle_s
@@ -232,8 +231,9 @@ class Live:
             rep = queries.reported(cur)
             n = cur.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchone()
         idle = None if self._last_change_s is None else now - self._last_change_s
-        pending = tuple(PendingFile(p, "being written", False) for p in self._writing) + tuple(
-            PendingFile(p, f.reason, now - f.since_s >= self.settle_s) for p, f in sorted(self._failed.items())
+        pending = tuple(PendingFile(p, self._seen[p].size, "being written", False) for p in self._writing) + tuple(
+            PendingFile(p, f.stat.size, f.reason, now - f.since_s >= self.settle_s)
+            for p, f in sorted(self._failed.items()) if p not in self._writing
         )
         following = idle is None or idle < self.idle_s
         # Rounded so that a status that only aged does not count as a change: one redraw a second at most.

@@ -1,21 +1,19 @@
 """`diag ingest`: files → parse → DuckDB, one transaction per file, memory bounded per file.
 
 A file is parsed in chunks (kineto.read_kineto). With one worker the chunks stream straight into
-the store; with several, each worker process parses whole files and spills their chunks to
-Parquet, which the parent (the one writer DuckDB allows) loads in one transaction per file. A bad
-file leaves nothing behind and never blocks the good ones; a file whose content hash is already in
-the store adds 0 rows.
+the store; with several, each worker (a spawned process, or a Ray task: diag/executor.py) parses
+whole files and spills their chunks to Parquet, which the parent (the one writer DuckDB allows)
+loads in one transaction per file. A bad file leaves nothing behind and never blocks the good
+ones; a file whose content hash is already in the store adds 0 rows.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,6 +23,7 @@ import pyarrow.parquet as pq
 
 from diag import store
 from diag.errors import BadInput
+from diag.executor import make_executor
 from diag.ingest.discover import discover, rank_from_name
 from diag.ingest.kineto import SCHEMAS, device_props_for, rank_from_distributed_info, read_kineto
 from diag.ingest.source import DEFAULT_MAX_BYTES, read_source
@@ -39,7 +38,11 @@ class IngestOptions:
     salvage: bool = False
     max_bytes: int = DEFAULT_MAX_BYTES
     rank: int | None = None   # --rank: for a single file whose trace and name carry none
-    jobs: int | None = None   # worker processes; default: one per core
+    jobs: int | None = None   # worker processes; default: one per core (local) or per cluster CPU (ray)
+    executor: str = "local"   # where workers run: diag.executor.EXECUTORS
+    # Where workers write their Parquet spills (default: the system's temporary directory). With
+    # Ray on several machines it must be storage every node and the parent see at the same path.
+    spill_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,11 @@ def parse_into(path: str, known: frozenset[str], opts: IngestOptions, explicit: 
 class _ParquetSpill:
     """A worker's sink: each table's chunks appended to one Parquet file."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: str | None) -> None:
         self.rank: int | None = None
-        self.dir = tempfile.mkdtemp(prefix="diag-spill-")
+        if parent is not None:
+            os.makedirs(parent, exist_ok=True)
+        self.dir = tempfile.mkdtemp(prefix="diag-spill-", dir=parent)
         self.writers: dict[str, pq.ParquetWriter] = {}
 
     def __enter__(self) -> _ParquetSpill:
@@ -153,9 +158,9 @@ class _ParquetSpill:
 
 
 def _spill_file(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool) -> Spilled | Skipped | BadInput:
-    """Worker process entry: parse one file into Parquet. Touches no database."""
+    """Worker entry (a process or a Ray task): parse one file into Parquet. Touches no database."""
     try:
-        with _ParquetSpill() as spill:
+        with _ParquetSpill(opts.spill_dir) as spill:
             out = parse_into(path, known, opts, explicit, spill)
     except BadInput as e:
         return e
@@ -182,8 +187,10 @@ def ingest(
     jobs = min(opts.jobs or os.cpu_count() or 1, len(files))
     if opts.jobs is None and sum(os.path.getsize(f) for f in files) < _PARALLEL_BYTES:
         jobs = 1
-    outcomes = _in_process(files, con, known, opts, explicit, seen) if jobs <= 1 else \
-        _in_workers(files, con, known, opts, explicit, seen, jobs)
+    # Ray was asked for by name: its tasks run even where one local process would be quicker.
+    workers = bool(files) and (jobs > 1 or opts.executor != "local")
+    outcomes = _in_workers(files, con, known, opts, explicit, seen, jobs) if workers else \
+        _in_process(files, con, known, opts, explicit, seen)
     for i, (path, outcome) in enumerate(outcomes):
         if progress:
             progress(i + 1, len(files), path)
@@ -219,20 +226,18 @@ def _in_workers(
     files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
     explicit: list[str], seen: dict[str, str], jobs: int,
 ) -> Iterator[tuple[str, Outcome]]:
-    """Parse in `jobs` spawned processes, at most two files per worker in flight (bounded spill)."""
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        pending: list[tuple[str, Future[Spilled | Skipped | BadInput]]] = []
-        nxt = 0
-        for _ in range(len(files)):
-            while nxt < len(files) and len(pending) < 2 * jobs:
-                f = files[nxt]
-                pending.append((f, pool.submit(_spill_file, f, known, opts, f in explicit)))
-                nxt += 1
-            path, fut = pending.pop(0)
-            res = fut.result()
+    """Parse on `jobs` workers of `opts.executor` (Ray: the cluster's CPUs unless --jobs says),
+    at most two files per worker in flight (bounded spill)."""
+    with make_executor(opts.executor, opts.jobs if opts.executor == "ray" else jobs) as ex:
+        calls = ((f, known, opts, f in explicit) for f in files)
+        for path, res in zip(files, ex.imap(_spill_file, calls), strict=True):
             if not isinstance(res, Spilled):
                 yield path, res
+                continue
+            if not os.path.isdir(res.spill_dir):
+                yield path, BadInput(path, f"the worker's spill {res.spill_dir} is not visible to this process: with "
+                                           "--executor ray on several machines, --spill-dir must be storage every "
+                                           "node mounts at the same path")
                 continue
             try:
                 with store.FileWriter(con) as w:

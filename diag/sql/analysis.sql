@@ -93,6 +93,7 @@ CREATE OR REPLACE TABLE gpu_states (
     wait_ns       BIGINT,      -- comm-only inside a collective's wait for the last rank
     dataloader_ns BIGINT,      -- idle while the host is in the data loader
     host_bound_ns BIGINT,      -- idle before the next launch call returned
+    recompute_ns  BIGINT,      -- compute while recomputed forward work runs (the recompute claim without a peak)
     model_flops   DOUBLE,
     exec_flops    DOUBLE,      -- matmul + attention FLOPs executed (recompute included)
     recompute_flops DOUBLE,

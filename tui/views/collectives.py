@@ -53,12 +53,12 @@ class Collectives(View):
     def on_mount(self) -> None:
         g = self.query_one("#co-groups", DataTable)
         for label, key in (("group", "pg"), ("collective", "coll"), ("size", "size"), ("calls", "calls"),
-                           ("time", "time"), ("exposed", "exposed"), ("waiting", "wait"), ("busbw GB/s", "busbw"),
-                           ("of link", "link"), ("last", "last")):
+                           ("exposed", "exposed"), ("waiting", "wait"), ("last", "last"), ("GB/s", "busbw"),
+                           ("of link", "link"), ("time", "time")):
             g.add_column(label, key=key)
         i = self.query_one("#co-instances", DataTable)
         for label, key in (("instance", "inst"), ("step", "step"), ("ranks", "ranks"), ("longest", "dur"),
-                           ("max wait", "maxwait"), ("waited", "wait"), ("last", "last"), ("busbw", "busbw")):
+                           ("max wait", "maxwait"), ("waited", "wait"), ("last", "last"), ("GB/s", "busbw")):
             i.add_column(label, key=key)
 
     def focus_main(self) -> None:
@@ -72,14 +72,15 @@ class Collectives(View):
         for i, (g, link) in enumerate(zip(snap.collectives, snap.links, strict=True)):
             bw, share = link_cells(g, link)
             last = "–" if g.last_rank is None else f"r{g.last_rank} {g.last_count}/{g.instances}"
+            # One rank alone cannot say who waited for whom.
+            wait = fmt_seconds(g.wait_s) if g.ranks > 1 else "–"
             t.add_row(pg_label(g.pg_name, g.pg_desc), g.collective or "?", right(size_label(g)), right(str(g.calls)),
-                      right(fmt_seconds(g.time_s)), right(fmt_seconds(g.exposed_s), "bold"),
-                      right(fmt_seconds(g.wait_s)), bw, share, right(last), key=str(i))
+                      right(fmt_seconds(g.exposed_s), "bold"), right(wait), right(last), bw, share,
+                      right(fmt_seconds(g.time_s)), key=str(i))
         head = Text()
         if snap.collectives:
             head.append(f"{len(snap.collectives)} groups", style="bold")
-            head.append(" by process group, collective and size · sorted by exposed time (GPU doing nothing else)"
-                        " · enter: instances", style="dim")
+            head.append(" · most exposed first (the GPU only communicating) · enter: instances", style="dim")
         else:
             head.append("no collectives in these traces", style="dim")
         self.query_one("#co-head", Static).update(head)
@@ -141,9 +142,11 @@ class Collectives(View):
         t = self.query_one("#co-instances", DataTable)
         t.clear()
         for i, x in enumerate(rows):
+            alone = x.ranks < 2
             t.add_row(x.instance, right("–" if x.step is None else str(x.step)), right(str(x.ranks)),
-                      right(fmt_seconds(x.max_dur_s)), right(fmt_seconds(x.max_wait_s), "bold"),
-                      right(fmt_seconds(x.wait_s)), right("–" if x.last_rank is None else f"r{x.last_rank}"),
+                      right(fmt_seconds(x.max_dur_s)), right("–" if alone else fmt_seconds(x.max_wait_s), "bold"),
+                      right("–" if alone else fmt_seconds(x.wait_s)),
+                      right("–" if x.last_rank is None or alone else f"r{x.last_rank}"),
                       right("–" if x.busbw_gbps is None else f"{x.busbw_gbps:.0f}"), key=str(i))
         if self._want_instance is not None:
             for i, x in enumerate(rows):

@@ -51,10 +51,7 @@ def target_of(place: Place) -> str | None:
 
 
 class Findings(View):
-    BINDINGS = [
-        Binding("g", "go", "Go to evidence"),
-        Binding("tab", "app.focus_next", "Next pane", show=False),
-    ]
+    BINDINGS = [Binding("g", "go", "Go to evidence")]
 
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)

@@ -42,8 +42,9 @@ def cell_detail(grid: HeatGrid, row: int, col: int) -> Text:
 def outlier(grid: HeatGrid, metric: str) -> tuple[int, float, float] | None:
     """The rank whose mean over steps is furthest from the median rank's: (rank, its mean, median).
 
-    Reported only when it stands out: beyond 3 median absolute deviations of the rank means and
-    5% of the median (a straggler is one rank that the others wait for; noise is many small ones).
+    Reported only when it stands out: beyond 3 median absolute deviations of the rank means, and
+    by 5% of the median step for the step time or 2 points of the step for a bucket (a straggler
+    is one rank the others wait for; noise is many small differences).
     """
     values = grid.values[metric]
     with np.errstate(all="ignore"):
@@ -55,8 +56,8 @@ def outlier(grid: HeatGrid, metric: str) -> tuple[int, float, float] | None:
     dev = np.where(ok, np.abs(means - median), -1.0)
     i = int(dev.argmax())
     mad = float(np.median(np.abs(means[ok] - median)))
-    scale = max(abs(median), 1e-12)
-    if dev[i] <= 3 * mad or dev[i] <= 0.05 * scale:
+    least = 0.05 * abs(median) if metric == STEP_TIME else 0.02
+    if dev[i] <= 3 * mad or dev[i] < least:
         return None
     return grid.ranks[i], float(means[i]), median
 
@@ -146,7 +147,7 @@ class Ranks(View):
             if out is not None:
                 rank, mean, median = out
                 t.append(f"r{rank} stands out", style="bold yellow")
-                t.append(f": {fmt_unit(h.metric, mean)} vs {fmt_unit(h.metric, median)} for the median rank · ")
+                t.append(f": {fmt_unit(h.metric, mean)} vs {fmt_unit(h.metric, median)} for the median rank")
             else:
                 t.append("no rank stands out here", style="dim")
                 best = strongest_outlier(h.grid)
@@ -154,8 +155,6 @@ class Ranks(View):
                     metric, rank, mean, median = best
                     t.append(f"; r{rank} does in {metric}", style="bold yellow")
                     t.append(f" ({fmt_unit(metric, mean)} vs {fmt_unit(metric, median)}): o shows it")
-                t.append(" · ", style="dim")
-        t.append("m: next metric · enter: open the step", style="dim")
         self.query_one("#rk-head", Static).update(t)
 
     @on(Heatmap.CellChanged)

@@ -33,7 +33,8 @@ def live_detail(live: LiveStatus) -> Text:
     t = Text()
     rep = live.reported
     state = "following" if live.following else "run ended (no file changed for a while); this is the post-mortem view"
-    t.append(f"{state} · {live.directory} · {live.files} traces\n", style="bold" if live.following else "")
+    t.append(f"{state} · {live.directory} · {live.files} trace{'' if live.files == 1 else 's'}\n",
+             style="bold" if live.following else "")
     if rep.window is not None:
         t.append(f"capture window {rep.window}: {len(rep.ranks)} ranks reported")
         if rep.missing:

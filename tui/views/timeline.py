@@ -50,7 +50,7 @@ class Timeline(View):
     def on_mount(self) -> None:
         t = self.query_one("#tl-under", DataTable)
         for label, key in (("dur", "dur"), ("TFLOP/s", "tflops"), ("GFLOP", "gflop"), ("class", "class"),
-                           ("start ms", "start"), ("kernel", "kernel"), ("op", "op")):
+                           ("start ms", "start"), ("op", "op"), ("kernel", "kernel")):
             t.add_column(label, key=key)
 
     def focus_main(self) -> None:
@@ -144,13 +144,13 @@ class Timeline(View):
         origin, end = lw.data.span_ns
         t0, t1 = lw.view
         zoom = (end - origin) / max(t1 - t0, 1)
-        t = Text()
+        t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"step {self.step}", style="bold")
-        t.append(f" ({steps.index(self.step) + 1}/{len(steps)})" if self.step in steps else "", style="dim")
-        t.append(f" · rank {lw.rank}", style="bold")
-        t.append(f" · {len(lw.data.ranks)}/{len(self.snap.heat.ranks)} ranks", style="dim")
-        t.append(f" · view {(t0 - origin) / 1e6:.3f}–{(t1 - origin) / 1e6:.3f} ms ({zoom:.3g}×)")
+        t.append(f" {steps.index(self.step) + 1}/{len(steps)}" if self.step in steps else "", style="dim")
+        t.append(f" · r{lw.rank}", style="bold")
         t.append(f" · cursor {(cursor_ns - origin) / 1e6:.3f} ms", style="bold")
+        t.append(f" · view {(t0 - origin) / 1e6:.3f}–{(t1 - origin) / 1e6:.3f} ms (×{zoom:.3g})")
+        t.append(f" · {len(lw.data.ranks)}/{len(self.snap.heat.ranks)} ranks", style="dim")
         self.query_one("#tl-head", Static).update(t)
 
     def _under(self, u: UnderCursor) -> None:
@@ -163,8 +163,8 @@ class Timeline(View):
             tf = a.tflops_per_s
             t.add_row(right(fmt_seconds(a.dur_ns * 1e-9)), right("" if tf is None else f"{tf:.1f}"),
                       right("" if not a.flops else f"{a.flops / 1e9:.3g}"), a.kclass + (f" {a.collective}" if a.collective else ""),
-                      right(f"{(a.ts_ns + offset - origin) / 1e6:.3f}"), a.name, a.op_name or "")
+                      right(f"{(a.ts_ns + offset - origin) / 1e6:.3f}"), a.op_name or "", a.name)
         if u.total > len(u.activities):
-            t.add_row("", "", "", "", "", Text(f"… {u.total - len(u.activities)} more", style="dim"), "")
+            t.add_row("", "", "", "", "", "", Text(f"… {u.total - len(u.activities)} more", style="dim"))
         if not u.activities:
-            t.add_row("", "", "", "", "", Text("nothing on the GPU here", style="dim"), "")
+            t.add_row("", "", "", "", "", "", Text("nothing on the GPU here", style="dim"))

@@ -42,7 +42,7 @@ class LanesWidget(Widget, can_focus=True):
     ]
 
     DEFAULT_CSS = """
-    LanesWidget { height: auto; max-height: 75%; }
+    LanesWidget { height: auto; max-height: 60%; }
     """
 
     class CursorMoved(Message):

@@ -1,0 +1,311 @@
+"""Scale: ingest and analyze R ranks × M MB of Kineto JSON per rank; time, MB/s per core, peak memory.
+
+    python bench/scale.py [--ranks 8,32,128] [--sizes 16,64,128] [--data DIR] [--executor local|ray]
+
+Traces are generated once into DIR/r{R}_m{M}/ and reused (a point whose files are all there is
+not generated again), so the run is resumable and `--ranks`/`--sizes` choose a subset. Each rank
+is the fixture generator's `straggler` case (fixtures/generate.py) for R ranks, its steps repeated
+with shifted timestamps and ids until the file reaches M MB (`replicate`).
+
+Each stage runs the real command line (`diag ingest`, then `diag analyze` on the store) as a
+child process; its peak memory is the largest total RSS of that process and its children,
+sampled every 50 ms from /proc (RSS counts mapped trace pages too, so it is an upper bound).
+Growth is (time ratio) ÷ (bytes ratio) against the smallest point measured: 1.0 is linear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the fixture generator is beside diag/, not installed with it
+CASE = "straggler"
+BASE_STEPS = 3
+# Ids are offset by this much per copy: the base run's External ids, correlations and Seq are all
+# far below it (about 2,000 events per step), and 200 copies stay far inside int64.
+ID_STRIDE = 10_000_000
+_ID_ARGS = ("External id", "Record function id", "Ev Idx", "correlation", "Sequence number", "Seq")
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# Gap between copies, µs: a little host time between one copy's last kernel and the next step.
+GAP_US = 50.0
+
+
+# --------------------------------------------------------------------------- generating
+
+
+def _is_once(e: dict[str, Any]) -> bool:
+    """Metadata and profiler markers are written once per file, not per copy."""
+    return e.get("ph") in ("M", "i") or e.get("cat") == "Trace"
+
+
+def _shift(e: dict[str, Any], dt_us: float, did: int, dstep: int) -> dict[str, Any]:
+    out = dict(e)
+    out["ts"] = round(e["ts"] + dt_us, 3)
+    if "id" in e:
+        out["id"] = e["id"] + did
+    args = e.get("args")
+    if args:
+        a = dict(args)
+        for k in _ID_ARGS:
+            if k in a:
+                a[k] += did
+        out["args"] = a
+    m = _STEP.match(e.get("name") or "")
+    if m:
+        out["name"] = f"ProfilerStep#{int(m.group(1)) + dstep}"
+    return out
+
+
+@dataclass(frozen=True)
+class _Job:
+    src: Path
+    dst: Path
+    copies: int
+    period_us: float
+    steps_per_copy: int
+
+
+def replicate(job: _Job) -> int:
+    """Write `job.copies` copies of the source's events, each shifted by a period in time, by
+    ID_STRIDE in ids and by the copy's steps in ProfilerStep numbers. Streams one copy at a time."""
+    doc = orjson.loads(job.src.read_bytes())
+    events = doc.pop("traceEvents")
+    once = [e for e in events if _is_once(e)]
+    body = [e for e in events if not _is_once(e)]
+    for e in once:
+        if e.get("cat") == "Trace":
+            e["dur"] = round(job.copies * job.period_us, 3)
+    tmp = job.dst.with_suffix(".tmp")
+    with tmp.open("wb") as f:
+        f.write(orjson.dumps(doc)[:-1] + b',"traceEvents":[')
+        f.write(orjson.dumps(once)[1:-1])
+        for c in range(job.copies):
+            part = orjson.dumps([_shift(e, c * job.period_us, c * ID_STRIDE, c * job.steps_per_copy) for e in body])
+            f.write(b"," + part[1:-1])
+        f.write(b"]}")
+    tmp.rename(job.dst)
+    return job.dst.stat().st_size
+
+
+def generate_point(data: Path, ranks: int, mb: int, jobs: int) -> Path:
+    """DATA/r{ranks}_m{mb}/rank-*.json, each about `mb` MB; kept if already complete."""
+    out = data / f"r{ranks}_m{mb}"
+    files = [out / f"rank-{r}.json" for r in range(ranks)]
+    if all(f.exists() for f in files):
+        return out
+    base = data / f"base_r{ranks}"
+    if not (base / f"rank-{ranks - 1}.json").exists():
+        from fixtures.generate import generate
+
+        generate(CASE, base, world_size=ranks, steps=BASE_STEPS)
+    srcs = [base / f"rank-{r}.json" for r in range(ranks)]
+    lo, hi, body_bytes = math.inf, -math.inf, 0
+    for s in srcs:
+        evs = [e for e in orjson.loads(s.read_bytes())["traceEvents"] if not _is_once(e)]
+        lo = min(lo, min(e["ts"] for e in evs))
+        hi = max(hi, max(e["ts"] + e.get("dur", 0) for e in evs))
+        body_bytes = max(body_bytes, len(orjson.dumps(evs)))
+    period = round(hi - lo + GAP_US, 3)           # the same on every rank: collectives stay aligned
+    copies = max(1, math.ceil(mb * 1024**2 / body_bytes))
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(base / "model.toml", out / "model.toml")
+    todo = [_Job(s, f, copies, period, BASE_STEPS) for s, f in zip(srcs, files, strict=True) if not f.exists()]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(replicate, todo))
+    return out
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and every process descended from it (Ray's raylet and workers included: a Ray
+    started by the command is its child)."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(c for c, pp in parent.items() if pp == p)
+    return out
+
+
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size: shared pages (libraries, a mapped trace) split among their users."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass(frozen=True)
+class Stage:
+    wall_s: float
+    cpu_s: float          # user + system of the command and all its (reaped) descendants
+    peak_bytes: int       # the largest summed PSS of the process tree, sampled every 50 ms
+
+
+def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> Stage:
+    before = os.times()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, sum(_pss_bytes(p) for p in _tree(proc.pid)))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    after = os.times()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return Stage(wall, cpu, peak)
+
+
+@dataclass(frozen=True)
+class Point:
+    ranks: int
+    mb_per_rank: int
+    executor: str
+    bytes: int
+    gen_s: float
+    ingest: Stage
+    analyze: Stage | None
+    db_bytes: int
+    load_avg: float       # the machine's 1-minute load when the point finished: other work skews wall time
+
+
+def run_point(data: Path, ranks: int, mb: int, executor: str, jobs: int | None, analyze: bool) -> Point:
+    t = time.perf_counter()
+    d = generate_point(data, ranks, mb, jobs or os.cpu_count() or 1)
+    gen = time.perf_counter() - t
+    size = sum(f.stat().st_size for f in d.glob("rank-*.json"))
+    work = Path(tempfile.mkdtemp(prefix="diag-scale-", dir=data))
+    db = work / "run.duckdb"
+    diag = [sys.executable, "-m", "diag.cli"]
+    extra = ["--executor", executor] + (["--jobs", str(jobs)] if jobs else [])
+    try:
+        ing = measure([*diag, "ingest", str(d), "--db", str(db), *extra])
+        db_bytes = db.stat().st_size
+        ana = measure([*diag, "analyze", str(db), "--model", str(d / "model.toml"), "--format", "json",
+                       "--out", str(work / "report.json")]) if analyze else None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return Point(ranks, mb, executor, size, gen, ing, ana, db_bytes, os.getloadavg()[0])
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _row(p: Point, base: Point) -> list[str]:
+    mb = p.bytes / 1e6
+    total = p.ingest.wall_s + (p.analyze.wall_s if p.analyze else 0.0)
+    base_total = base.ingest.wall_s + (base.analyze.wall_s if base.analyze else 0.0)
+    growth = (total / base_total) / (p.bytes / base.bytes)
+    peak = max(p.ingest.peak_bytes, p.analyze.peak_bytes if p.analyze else 0)
+
+    def stage(s: Stage | None) -> list[str]:
+        if s is None:
+            return ["—", "—", "—"]
+        return [f"{s.wall_s:.0f}", f"{mb / s.cpu_s:.1f}" if s.cpu_s else "—", f"{s.peak_bytes / 1e9:.2f}"]
+
+    return [f"{p.ranks}", f"{p.mb_per_rank}", f"{mb / 1e3:.2f}", *stage(p.ingest), *stage(p.analyze),
+            f"{total:.0f}", f"{peak / 1e9:.2f}", f"{growth:.2f}", f"{p.load_avg:.1f}"]
+
+
+HEADER = ["ranks", "MB/rank", "GB", "ingest s", "ingest MB/s/core", "ingest peak GB", "analyze s",
+          "analyze MB/s/core", "analyze peak GB", "total s", "peak GB", "growth", "load"]
+
+
+def table(points: list[Point]) -> str:
+    """Markdown. MB/s/core = MB ÷ CPU seconds of the stage; growth = time per byte ÷ the
+    smallest point's (1.0 is linear in bytes)."""
+    pts = sorted(points, key=lambda p: (p.bytes, p.ranks))
+    if not pts:
+        return ""
+    base = pts[0]
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(_row(p, base)) + " |" for p in pts]
+    return "\n".join(lines)
+
+
+def _load_results(path: Path) -> list[Point]:
+    out = []
+    if path.exists():
+        for line in path.read_bytes().splitlines():
+            d = orjson.loads(line)
+            d["ingest"] = Stage(**d["ingest"])
+            d["analyze"] = Stage(**d["analyze"]) if d["analyze"] else None
+            out.append(Point(**d))
+    return out
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=_ints, default=[8, 32, 128], help="comma-separated rank counts")
+    ap.add_argument("--sizes", type=_ints, default=[16, 64, 128], help="comma-separated MB per rank")
+    ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "diag-scale",
+                    help="where traces are generated and kept between runs")
+    ap.add_argument("--executor", choices=("local", "ray"), default="local")
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--no-analyze", action="store_true", help="ingest only")
+    ap.add_argument("--table", action="store_true", help="print the table of the results kept in DATA and exit")
+    ap.add_argument("--clean", action="store_true", help="delete each point's traces after measuring it")
+    a = ap.parse_args(argv)
+    a.data.mkdir(parents=True, exist_ok=True)
+    results = a.data / "results.jsonl"
+    if not a.table:
+        for ranks in a.ranks:
+            for mb in a.sizes:
+                p = run_point(a.data, ranks, mb, a.executor, a.jobs, not a.no_analyze)
+                with results.open("ab") as f:
+                    f.write(orjson.dumps(p) + b"\n")
+                print(table([p]).splitlines()[-1], flush=True)
+                if a.clean:
+                    shutil.rmtree(a.data / f"r{ranks}_m{mb}", ignore_errors=True)
+    print(table(_load_results(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
