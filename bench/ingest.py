@@ -142,7 +142,11 @@ def main() -> int:
             return 2
         files = [CONTROL, make_big(CONTROL, args.big_mb, tmp / "big_rank-3.json")]
     for path in files:
-        size = len(gzip.open(path).read()) if path.name.endswith(".gz") else path.stat().st_size
+        if path.name.endswith(".gz"):
+            with gzip.open(path) as f:
+                size = len(f.read())
+        else:
+            size = path.stat().st_size
         print(f"\n{path.name}: {size / 1e6:.1f} MB of JSON")
         print(f"{'method':<26}{'time s':>9}{'peak MB':>10}{'× orjson':>10}")
         res: dict[str, tuple[float, float]] = {}

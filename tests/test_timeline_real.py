@@ -76,8 +76,9 @@ def test_gemm_flops_equal_a_hand_computation_from_shapes() -> None:
     tl = load_rank(con, rank_files(con)[0])
     checked = 0
     for i, op in enumerate(tl.op_name):
-        if op == "aten::mm" and tl.flops[i] > 0 and tl.gemm_mnk[i] is not None:
-            m, n, k = tl.gemm_mnk[i]
+        mnk = tl.gemm_mnk[i]
+        if op == "aten::mm" and tl.flops[i] > 0 and mnk is not None:
+            m, n, k = mnk
             # all of this op's FLOPs sit on its GEMM kernels: add them up
             same_op = [j for j in range(len(tl)) if tl.op_external_id[j] == tl.op_external_id[i] and tl.flops[j] > 0]
             assert sum(tl.flops[j] for j in same_op) == pytest.approx(2 * m * n * k)

@@ -167,6 +167,22 @@ def test_rasterize_is_exact_at_any_zoom() -> None:
     assert rasterize(spans, 5, 15, 2) == ["a", "b"]
 
 
+def test_outlier_names_the_straggler(loaded: Loaded) -> None:
+    from tui.views.ranks import outlier, strongest_outlier
+
+    heat = loaded.snapshot.heat
+    assert heat is not None
+    assert outlier(heat, "step_time") is None            # everyone waits for it: steps take as long
+    best = strongest_outlier(heat)
+    assert best is not None and best[:2] == ("straggler", STRAGGLER) and best[2] < best[3]
+
+
+def test_rank_lists_read_as_runs() -> None:
+    assert queries.fmt_ranks([15, 0, 1, 2, 3, 8, 10, 11, 12]) == "0–3, 8, 10–12, 15"
+    assert queries.fmt_ranks(list(range(0, 100, 2)), limit=3) == "0, 2, 4 … (+47)"
+    assert queries.fmt_ranks([]) == "–"
+
+
 def test_links_by_host() -> None:
     def group(ranks: tuple[int, ...]) -> CollectiveGroup:
         return CollectiveGroup("0", None, "allreduce", 20, 1, 1, 1, 1, len(ranks), len(ranks), ranks,

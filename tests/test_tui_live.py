@@ -99,9 +99,7 @@ async def _follow(app: DiagApp, source: Live, first: Path, second: Path, watched
                 if i == 2:
                     break
                 # Seen, waited for, then read at this size and found truncated: never ingested, never an error.
-                size = cut[i + 1]
-                await until(pilot, f"piece {i + 1} read and refused as truncated",
-                            lambda size=size: (p := pending()) is not None and p[0] == size and "truncated" in p[1],
+                await until(pilot, f"piece {i + 1} read and refused as truncated", _refused(pending, cut[i + 1]),
                             during=lambda: _never(ingested() > 1 or 1 in ranks(), "the partial file was ingested"))
                 assert "arriving" in status()
             landed = time.monotonic()
@@ -120,6 +118,16 @@ async def _follow(app: DiagApp, source: Live, first: Path, second: Path, watched
         # No file changes for the idle time: the run has ended, the same screens stay (post-mortem).
         await until(pilot, "the run to count as ended", lambda: "run ended" in status())
         assert ranks() == (0, 1) and app.current == "timeline"
+
+
+def _refused(pending: Callable[[], tuple[int, str] | None], size: int) -> Callable[[], bool]:
+    """The file was read at `size` bytes and refused as truncated."""
+
+    def check() -> bool:
+        p = pending()
+        return p is not None and p[0] == size and "truncated" in p[1]
+
+    return check
 
 
 def _never(happened: bool, what: str) -> None:

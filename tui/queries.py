@@ -334,6 +334,21 @@ def fmt_bytes(n: float | None) -> str:
     return f"{int(n)} B"
 
 
+def fmt_ranks(xs: tuple[int, ...] | list[int], limit: int = 8) -> str:
+    """Sorted integers as runs: 0–3, 8, 10–15; at most `limit` runs, then how many more there are."""
+    runs: list[tuple[int, int]] = []
+    for x in sorted(set(xs)):
+        if runs and x == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], x)
+        else:
+            runs.append((x, x))
+    text = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs[:limit])
+    if len(runs) > limit:
+        rest = sum(b - a + 1 for a, b in runs[limit:])
+        text += f" … (+{rest})"
+    return text or "–"
+
+
 def fmt_seconds(s: float | None) -> str:
     """A duration in the unit that keeps 3–4 significant digits: 1.23 s, 12.3 ms, 45.6 µs, 789 ns."""
     if s is None:

@@ -160,9 +160,10 @@ class Live:
         """One look at the directory: ingest what is complete; a new snapshot when anything changed."""
         now = self.clock()
         ready = self._ready(now)
-        changed = False
+        # A --db that already holds traces (an earlier session of this run) is shown at once.
+        changed = self.generation == 0 and self._traces() > 0
         if ready:
-            changed = self._ingest(ready, self.ingest_opts, now)
+            changed = self._ingest(ready, self.ingest_opts, now) or changed
         stuck = [p for p, f in self._failed.items() if now - f.since_s >= self.settle_s]
         if self.salvage and stuck:
             changed = self._ingest(stuck, dataclasses.replace(self.ingest_opts, salvage=True), now) or changed
@@ -226,10 +227,14 @@ class Live:
             self._failed[e.path] = _Failed(stat, e.reason, prev.since_s if prev and prev.stat == stat else now)
         return bool(result.ingested)
 
+    def _traces(self) -> int:
+        with self.store.reader() as cur:
+            n = cur.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchone()
+        return int(n[0]) if n else 0
+
     def _status(self, now: float) -> LiveStatus:
         with self.store.reader() as cur:
             rep = queries.reported(cur)
-            n = cur.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchone()
         idle = None if self._last_change_s is None else now - self._last_change_s
         pending = tuple(PendingFile(p, self._seen[p].size, "being written", False) for p in self._writing) + tuple(
             PendingFile(p, f.stat.size, f.reason, now - f.since_s >= self.settle_s)
@@ -237,5 +242,5 @@ class Live:
         )
         following = idle is None or idle < self.idle_s
         # Rounded so that a status that only aged does not count as a change: one redraw a second at most.
-        return LiveStatus(self.directory, following, int(n[0]) if n else 0, rep, pending,
+        return LiveStatus(self.directory, following, self._traces(), rep, pending,
                           None if idle is None else float(int(idle)))

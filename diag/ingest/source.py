@@ -117,7 +117,7 @@ def _gunzip(path: str, f: IO[bytes], size: int, max_bytes: int) -> tuple[Buffer,
                     )
                 h.update(chunk)
                 if sink is None and total > IN_MEMORY_BYTES:
-                    sink = tempfile.TemporaryFile()
+                    sink = tempfile.TemporaryFile()  # noqa: SIM115 - closed in `finally`, after mapping
                     for part in parts:
                         sink.write(part)
                     parts = []

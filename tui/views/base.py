@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 import duckdb
 from rich.text import Text
@@ -72,6 +72,3 @@ class View(Widget):
 def right(text: str, style: str = "") -> Text:
     return Text(text, style=style, justify="right")
 
-
-def host(widget: Widget) -> Any:
-    return cast(Host, widget.app)

@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from tui import queries
-from tui.queries import Place, fmt_seconds
+from tui.queries import Place, fmt_ranks, fmt_seconds
 from tui.snapshot import Snapshot
 from tui.views.base import Jump, View, query, right
 from tui.views.overview import SEVERITY_STYLE, pct
@@ -31,14 +31,8 @@ def detail(f: Mapping[str, Any], mfu: float | None) -> Text:
     if f["what_if_mfu"] is not None and f["lost_fraction"]:
         t.append("what if: ", style="bold")
         t.append(f"without it MFU would be {pct(f['what_if_mfu'])} (now {pct(mfu)})\n")
-    t.append(f"ranks {_few(f['ranks'])} · steps {_few(f['steps'])}", style="dim")
+    t.append(f"ranks {fmt_ranks(f['ranks'])} · steps {fmt_ranks(f['steps'])}", style="dim")
     return t
-
-
-def _few(xs: list[int], n: int = 12) -> str:
-    if not xs:
-        return "–"
-    return ", ".join(map(str, xs[:n])) + (f" … ({len(xs)})" if len(xs) > n else "")
 
 
 def target_of(place: Place) -> str | None:

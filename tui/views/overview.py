@@ -10,7 +10,6 @@ from typing import Any
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
@@ -50,8 +49,6 @@ def headline(r: Mapping[str, Any]) -> Text:
 
 
 class Overview(View):
-    BINDINGS = [Binding("enter", "open", "Open finding", show=False)]
-
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="ov-scroll"):
             yield Static(id="ov-live")
@@ -73,7 +70,7 @@ class Overview(View):
         t.add_column("without", key="whatif")
 
     def focus_main(self) -> None:
-        self.query_one("#ov-findings", DataTable).focus()
+        self.query_one("#ov-findings", DataTable).focus(scroll_visible=False)
 
     def show_live(self, live: LiveStatus) -> None:
         self.query_one("#ov-live", Static).update(live_detail(live))
@@ -104,8 +101,3 @@ class Overview(View):
     def _open(self, event: DataTable.RowSelected) -> None:
         if event.row_key.value is not None:
             self.post_message(Jump("findings", finding=int(event.row_key.value)))
-
-    def action_open(self) -> None:
-        t = self.query_one("#ov-findings", DataTable)
-        if t.row_count:
-            t.action_select_cursor()

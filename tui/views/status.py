@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.text import Text
 
+from tui.queries import fmt_ranks
 from tui.snapshot import LiveStatus
 
 
@@ -32,14 +33,16 @@ def live_detail(live: LiveStatus) -> Text:
     """The overview's live panel: which ranks reported, what is still being written."""
     t = Text()
     rep = live.reported
-    state = "following" if live.following else "run ended (no file changed for a while); this is the post-mortem view"
-    t.append(f"{state} · {live.directory} · {live.files} trace{'' if live.files == 1 else 's'}\n",
+    state = "following" if live.following else "run ended (no new files lately): post-mortem view"
+    t.append(f"{state} · {live.directory} · {live.files} trace{'' if live.files == 1 else 's'}",
              style="bold" if live.following else "")
+    if live.idle_s is not None:
+        t.append(f" · last change {live.idle_s:.0f} s ago", style="dim")
+    t.append("\n")
     if rep.window is not None:
         t.append(f"capture window {rep.window}: {len(rep.ranks)} ranks reported")
         if rep.missing:
-            few = ", ".join(map(str, rep.missing[:16])) + (" …" if len(rep.missing) > 16 else "")
-            t.append(f", missing {few}", style="yellow")
+            t.append(f", missing {fmt_ranks(rep.missing)}", style="yellow")
         t.append("\n")
     for p in live.pending[:4]:
         t.append(f"{'unreadable' if p.stuck else 'waiting'}: {Path(p.path).name} ({p.reason})\n",
