@@ -72,6 +72,9 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     run = RunContext(timelines, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed)
     if host:
         run.notes.append(HOST_NOTE)
+    if mfu is None:
+        run.notes.append("without model FLOPs at a known peak the compute time is not split: "
+                         "gemm_inefficiency holds all GEMM/attention time, non_matmul the rest")
     run.notes.append(flops_source)
     run.notes.append(f"peak: {peak.source}")
     for tl in timelines:
@@ -118,6 +121,9 @@ def resolve_peak(timelines: list[RankTimeline], opts: AnalyzeOptions) -> Peak:
                 if ident:
                     part, how = ident.part, ident.reason
                     break
+    if part is not None and dtype_note and dtype not in part.dense_tflops:
+        dtype = "fp16"   # parts without bf16 (V100) train in fp16
+        dtype_note = " (GEMM dtype unknown: no shapes recorded; assumed fp16, this part has no bf16)"
     if part is not None and dtype in part.dense_tflops:
         dense = hardware.dense_peak_tflops(part, dtype)
         src = f"{part.name} dense {dtype} {dense:g} TFLOP/s ({how}){dtype_note}"
@@ -163,17 +169,38 @@ def _model_flops(
             states[k] = _with_model(st, per_rank)
         return (f"model FLOPs from {spec.name}: (6N + 12·L·H·Q·T) = {model_mod.flops_per_token(spec):.4g} "
                 f"FLOPs/token × {spec.tokens_per_step:g} tokens/step ÷ {world} GPUs")
-    for k, st in states.items():
-        states[k] = _with_model(st, 3.0 * st.fwd_flops)
     note = "model FLOPs inferred from the trace: 3 × the forward matmul and attention FLOPs from op shapes"
     if spec is not None:
         note += f" ({spec.name} gives no tokens_per_step)"
-    if all(st.fwd_flops == 0 for st in states.values()):
-        note += "; none found (record_shapes off?): pass --model with tokens_per_step"
+    covered = _shape_coverage(timelines)
+    if covered < MIN_SHAPE_COVERAGE:
+        # Kernels without shapes (torch.compile regions, record_shapes off) would make the inferred
+        # FLOPs, and so the MFU, a silent underestimate: leave them unknown instead.
+        for k, st in states.items():
+            states[k] = _with_model(st, None)
+        return (f"{note}: only {covered:.0%} of GEMM/attention kernel time has op shapes (record_shapes off, "
+                "or torch.compile regions), so model FLOPs and MFU are unknown; pass --model with tokens_per_step")
+    for k, st in states.items():
+        states[k] = _with_model(st, 3.0 * st.fwd_flops)
     return note
 
 
-def _with_model(st: StepStates, flops: float) -> StepStates:
+# Below this share of GEMM/attention kernel time with FLOPs from shapes, inferred FLOPs are not trusted.
+MIN_SHAPE_COVERAGE = 0.9
+
+
+def _shape_coverage(timelines: list[RankTimeline]) -> float:
+    total = with_flops = 0
+    for tl in timelines:
+        for i, k in enumerate(tl.kclass):
+            if k in ("gemm", "attention"):
+                d = int(tl.end_ns[i] - tl.ts_ns[i])
+                total += d
+                with_flops += d if tl.flops[i] > 0 else 0
+    return with_flops / total if total else 0.0
+
+
+def _with_model(st: StepStates, flops: float | None) -> StepStates:
     from dataclasses import replace
 
     return replace(st, model_flops=flops)
@@ -184,7 +211,7 @@ def _ledger(tl: RankTimeline, i: int, st: StepStates, peak: Peak, rules: list[Ru
     # Claims that belong to no rule: model FLOPs at the peak (this bucket over the step is the
     # MFU) and the GPU starved by the host. host_bound and dataloader time are disjoint by
     # construction (states.py), so their order does not matter.
-    if peak.flops_per_s is not None:
+    if peak.flops_per_s is not None and st.model_flops is not None:
         lg.claim("model_compute", st.model_flops / peak.flops_per_s, ("matmul", "non_matmul"))
     lg.claim("host_bound", st.host_bound_ns * 1e-9, ("idle",))
     ctx = StepContext(tl, i, st, peak)
@@ -198,12 +225,13 @@ def _utilization(states: dict[tuple[int, int], StepStates], peak: Peak) -> tuple
     if peak.flops_per_s is None or not states:
         return None, None
     vals = [st for st in states.values() if st.window_ns > 0]
-    if not vals or all(st.model_flops == 0 for st in vals):
+    flops = [st.model_flops for st in vals]
+    if not vals or any(f is None for f in flops) or not any(flops):
         return None, None
-    mfu = statistics.fmean(st.model_flops / (st.window_ns * 1e-9 * peak.flops_per_s) for st in vals)
-    hfu = statistics.fmean(
-        (st.model_flops + st.recompute_flops) / (st.window_ns * 1e-9 * peak.flops_per_s) for st in vals
-    )
+    per_s = peak.flops_per_s
+    mfu = statistics.fmean((st.model_flops or 0.0) / (st.window_ns * 1e-9 * per_s) for st in vals)
+    hfu = statistics.fmean(((st.model_flops or 0.0) + st.recompute_flops) / (st.window_ns * 1e-9 * per_s)
+                           for st in vals)
     return mfu, hfu
 
 

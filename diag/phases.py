@@ -8,9 +8,9 @@ Phases: `forward`, `backward`, `recompute`, `optimizer`, `dataloader`, `other`.
 - recompute: a *forward* op executed again inside the backward pass by activation
   checkpointing. Inside a backward span, an op is recompute when it is a forward-only op (one no
   derivative formula calls: linear, addmm, the attention forwards, conv, norms, embedding) or
-  sits under a custom autograd Function's node (`CheckpointFunctionBackward`: generated
-  derivative nodes end in `Backward<digit>`, custom Functions in plain `Backward`). Everything
-  under a recompute op is recompute.
+  sits under a checkpoint node (`CheckpointFunctionBackward`, reentrant torch.utils.checkpoint).
+  Other custom Functions' nodes (`CompiledFunctionBackward` of torch.compile, Megatron's) are
+  ordinary backward. Everything under a recompute op is recompute.
 - optimizer: under `Optimizer.step#...` / `Optimizer.zero_grad#...`.
 - dataloader: under `enumerate(DataLoader)#...`.
 - forward: any other op inside a `ProfilerStep#N` span.
@@ -30,7 +30,7 @@ FORWARD_ONLY_OPS = frozenset({
     "aten::conv3d", "aten::layer_norm", "aten::native_layer_norm", "aten::rms_norm",
     "aten::_fused_rms_norm", "aten::embedding",
 })
-_DERIVATIVE_NODE = re.compile(r"Backward\d+$")
+_CHECKPOINT_NODE = re.compile(r"Checkpoint\w*Backward$")
 _BACKWARD_SPAN = "autograd::engine::evaluate_function"
 PHASES = ("forward", "backward", "recompute", "optimizer", "dataloader", "other")
 
@@ -83,7 +83,7 @@ def _phase_of(name: str, parent: str | None, has_fwd_tid: bool) -> str:
     if parent == "recompute":
         return "recompute"
     if parent == "backward":
-        if name in FORWARD_ONLY_OPS or (name.endswith("Backward") and not _DERIVATIVE_NODE.search(name)):
+        if name in FORWARD_ONLY_OPS or _CHECKPOINT_NODE.search(name):
             return "recompute"
         return "backward"
     if parent is None:

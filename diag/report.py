@@ -90,8 +90,10 @@ def _header(r: dict[str, Any]) -> list[str]:
     if r.get("timeline") == "host":
         peak = "CPU-only run: host timeline in place of the GPU's, no MFU"
     st = r["step_time_s"]
+    traced = len(r["ranks"])
+    ranks = f"{traced} ranks" if traced == r["world_size"] else f"{traced} of {r['world_size']} ranks traced"
     return [
-        f"{r['world_size']} ranks × {r['steps']} steps · {d['name'] or 'unknown GPU'} · {peak}",
+        f"{ranks} × {r['steps']} steps · {d['name'] or 'unknown GPU'} · {peak}",
         f"step time {st * 1e3:.2f} ms (median)   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}" if st is not None
         else "no steps",
     ]
@@ -104,13 +106,17 @@ def _waterfall(r: dict[str, Any]) -> list[tuple[str, float]]:
     return [(b, p) for b, p in losses if p >= 0.05]
 
 
+def _mfu_points(r: dict[str, Any]) -> str:
+    return "unknown" if r["mfu"] is None else f"{r['ledger']['model_compute'] * 100:.1f}"
+
+
 def render_text(r: dict[str, Any]) -> str:
     lines = ["diag — where the step went", *_header(r), ""]
     lines.append("waterfall (MFU points, mean over ranks and steps)")
     lines.append(f"  {'peak':<22}{100.0:>7.1f}")
     for b, p in _waterfall(r):
         lines.append(f"  − {b:<20}{p:>7.1f}  {'█' * max(1, round(p / 100 * _BAR))}")
-    lines.append(f"  = {'model_compute (MFU)':<20}{r['ledger']['model_compute'] * 100:>7.1f}")
+    lines.append(f"  = {'model_compute (MFU)':<20}{_mfu_points(r):>7}")
     lines.append("")
     if r["findings"]:
         lines.append("findings, by cost")
@@ -132,7 +138,7 @@ def render_markdown(r: dict[str, Any]) -> str:
     out = ["# diag report", "", f"**{h[0]}**  ", h[1], "", "## Where the step went", "",
            "| | MFU points |", "|---|---:|", f"| peak | {100.0:.1f} |"]
     out += [f"| − {b} | {p:.1f} |" for b, p in _waterfall(r)]
-    out += [f"| **= MFU** | **{r['ledger']['model_compute'] * 100:.1f}** |", "", "## Findings", ""]
+    out += [f"| **= MFU** | **{_mfu_points(r).strip()}** |", "", "## Findings", ""]
     if not r["findings"]:
         out.append("No findings above their thresholds.")
     for f in r["findings"]:

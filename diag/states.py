@@ -32,7 +32,7 @@ class StepStates:
     dataloader_ns: int     # → dataloader
     host_bound_ns: int     # → host_bound
     recompute_ns: int      # compute while recomputed forward work runs (→ recompute when no peak)
-    model_flops: float
+    model_flops: float | None   # None: unknown (no model description and too few op shapes)
     exec_flops: float
     recompute_flops: float
     fwd_flops: float

@@ -41,10 +41,11 @@ class Recompute(Rule[Params]):
 
     def claim(self, ctx: StepContext, ledger: StepLedger) -> None:
         peak = ctx.peak.flops_per_s
-        if peak is not None:
+        if peak is not None and ctx.states.model_flops is not None:
             ledger.claim("recompute", ctx.states.recompute_flops / peak, ("matmul", "non_matmul"))
         else:
-            # No peak (CPU-only run, unknown part): the time the recomputed ops took, measured.
+            # No peak (CPU-only run, unknown part) or FLOPs not trusted: the time the recomputed
+            # ops took, measured.
             ledger.claim("recompute", ctx.states.recompute_ns * 1e-9, ("matmul", "non_matmul"))
 
     def findings(self, run: RunContext) -> list[Finding]:

@@ -281,19 +281,16 @@ def _check_window(con: duckdb.DuckDBPyConnection, row: dict[str, Any]) -> None:
 
 
 def _number_windows(con: duckdb.DuckDBPyConnection) -> None:
-    """Several files of one rank are separate capture windows, numbered by their first timestamp."""
-    rows = con.execute(
-        "SELECT file_id, rank, capture_window FROM trace_files WHERE kind = 'kineto' ORDER BY rank, first_ts_ns"
-    ).fetchall()
-    n: dict[int, int] = {}
-    changes = []
-    for file_id, rank, window in rows:
-        w = n.get(rank, 0)
-        n[rank] = w + 1
-        if window != w:
-            changes.append((w, file_id))
-    if changes:
-        con.executemany("UPDATE trace_files SET capture_window = ? WHERE file_id = ?", changes)
+    """Several files of one rank are separate capture windows, numbered by their first timestamp.
+    One statement: executemany would run one UPDATE per file (milliseconds each, thousands of ranks)."""
+    con.execute(
+        """
+        UPDATE trace_files SET capture_window = w.n
+        FROM (SELECT file_id, row_number() OVER (PARTITION BY rank ORDER BY first_ts_ns, file_id) - 1 AS n
+              FROM trace_files WHERE kind = 'kineto') AS w
+        WHERE trace_files.file_id = w.file_id AND trace_files.capture_window IS DISTINCT FROM w.n
+        """
+    )
 
 
 def print_progress_factory() -> Callable[[int, int, str], None] | None:

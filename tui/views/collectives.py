@@ -79,7 +79,8 @@ class Collectives(View):
                       right(fmt_seconds(g.time_s)), key=str(i))
         head = Text()
         if snap.collectives:
-            head.append(f"{len(snap.collectives)} groups", style="bold")
+            n = len(snap.collectives)
+            head.append(f"{n} group{'' if n == 1 else 's'}", style="bold")
             head.append(" · most exposed first (the GPU only communicating) · enter: instances", style="dim")
         else:
             head.append("no collectives in these traces", style="dim")

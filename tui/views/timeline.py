@@ -91,17 +91,16 @@ class Timeline(View):
         key = (self.snap.generation, self.step, page)
         lanes_widget = self.query_one(LanesWidget)
         if key == self._loaded and lanes_widget.data is not None:
-            lanes_widget.show(lanes_widget.data, self.rank, self._focus_ns)
-            self._focus_ns = None
+            self._lanes(lanes_widget.data, keep_view)
             return
         self._loaded = key
         self._pending = True
         step = self.step
-        query(self, "lanes", lambda cur: queries.lanes(cur, step, page), self._lanes)
+        query(self, "lanes", lambda cur: queries.lanes(cur, step, page), lambda data: self._lanes(data, keep_view))
 
-    def _lanes(self, data: Lanes) -> None:
+    def _lanes(self, data: Lanes, keep_view: bool) -> None:
         self._pending = False
-        self.query_one(LanesWidget).show(data, self.rank, self._focus_ns)
+        self.query_one(LanesWidget).show(data, self.rank, self._focus_ns, keep_view)
         self._focus_ns = None
 
     # --- reacting to the lanes ------------------------------------------------------------------------

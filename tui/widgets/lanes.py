@@ -106,8 +106,10 @@ class LanesWidget(Widget, can_focus=True):
     def cursor_col(self) -> int:
         return max(0, min(self.plot_width - 1, int((self.cursor_ns - self.view[0]) / self.ns_per_col)))
 
-    def show(self, data: Lanes, rank: int | None, focus_ns: tuple[int, int] | None) -> None:
-        """New lanes; select `rank`, and frame `focus_ns` (an activity) or the whole step."""
+    def show(self, data: Lanes, rank: int | None, focus_ns: tuple[int, int] | None, keep_view: bool = False) -> None:
+        """New lanes; select `rank`, and frame `focus_ns` (an activity), the same time as before
+        (`keep_view`: other ranks of the same step), or the whole step."""
+        same_step = self.data is not None and self.data.step == data.step
         resized = self.data is None or len(self.data.ranks) != len(data.ranks)
         self.data = data
         if resized:
@@ -120,10 +122,10 @@ class LanesWidget(Widget, can_focus=True):
             mid = (a + b) / 2
             self.view = (mid - width / 2, mid + width / 2)
             self.cursor_ns = mid
-        else:
+        elif not (keep_view and same_step):
             self.view = (float(lo), float(hi))
             if not lo <= self.cursor_ns < hi:
-                self.cursor_ns = float(lo)
+                self.cursor_ns = (lo + hi) / 2      # mid-step: the start is often the idle data wait
         self._moved()
 
     def column_span(self, col: int) -> tuple[int, int]:

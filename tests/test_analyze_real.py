@@ -1,0 +1,81 @@
+"""`diag analyze` on every real trace in ../shared/traces: it runs to the end, the ledger sums to
+each step, and the JSON is the diag.report/1 contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import kineto_traces, run_diag, shared_traces
+
+from diag.api import analyze_path
+from diag.ingest.pipeline import IngestOptions
+from diag.ledger import BUCKETS
+
+CONTRACT = {"schema", "world_size", "steps", "device", "step_time_s", "mfu", "hfu", "ledger", "ledger_by_rank",
+            "findings", "clock_offsets_us"}
+FINDING = {"code", "slug", "severity", "lost_fraction", "lost_s", "ranks", "steps", "evidence", "advice"}
+
+
+def _traces() -> list[Path]:
+    try:
+        return kineto_traces()
+    except pytest.skip.Exception:
+        return []
+
+
+@pytest.mark.parametrize("trace", _traces(), ids=lambda p: p.name)
+def test_analyze_runs_to_the_end_and_the_ledger_sums(trace: Path) -> None:
+    # --rank only applies to the few HTA test traces that carry no rank at all.
+    analysis, report = analyze_path(str(trace), None, ingest_opts=IngestOptions(rank=0, jobs=1), warn=False)
+    for lg in analysis.run.ledgers:
+        assert sum(lg.buckets.values()) == pytest.approx(lg.window_s, rel=1e-9, abs=1e-12)
+        assert min(lg.buckets.values()) >= 0
+    assert sum(report["ledger"].values()) == pytest.approx(1.0, abs=0.01)
+    assert CONTRACT <= set(report) and report["schema"] == "diag.report/1"
+    assert set(report["ledger"]) == set(BUCKETS)
+    for f in report["findings"]:
+        assert FINDING <= set(f)
+    if report["mfu"] is not None:
+        assert 0 < report["mfu"] <= 1 and report["hfu"] >= report["mfu"]
+
+
+def test_json_report_contract_from_the_cli(tmp_path: Path) -> None:
+    src = shared_traces() / "HolisticTraceAnalysis/tests/data/trace_diff/control/control.json.gz"
+    out = tmp_path / "report.json"
+    r = run_diag("analyze", str(src), "--format", "json", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert CONTRACT <= set(report)
+    assert report["device"]["name"] == "A100 40GB" and report["device"]["dtype"] == "tf32"
+    assert report["device"]["peak_tflops"] == 156   # A100 dense TF32: the GEMMs are tensorop_s1688 kernels
+    assert report["world_size"] == 8 and report["ranks"] == [3]
+    assert set(report["ledger_by_rank"]) == {"3"} and report["clock_offsets_us"] == {"3": 0.0}
+    md = run_diag("analyze", str(src), "--format", "markdown")
+    assert md.returncode == 0 and md.stdout.startswith("# diag report") and "| − exposed_comm |" in md.stdout
+
+
+def test_unknown_part_says_how_to_fix_it(tmp_path: Path) -> None:
+    src = shared_traces() / "HolisticTraceAnalysis/tests/data/with_gpu_user_annotation/step_based_trace_2543932.json.gz"
+    r = run_diag("analyze", str(src), "--format", "json")
+    report = json.loads(r.stdout)
+    assert report["mfu"] is None and "--gpu" in report["device"]["peak_source"]
+    r = run_diag("analyze", str(src), "--format", "json", "--peak-tflops", "10.6")
+    assert json.loads(r.stdout)["device"]["peak_tflops"] == 10.6
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "want"),
+    [
+        (["--tokens-per-s", "12000"], "mfu", 0.00498),          # 70B on 1,024 H100 at 12k tokens/s ≈ 0.5%
+        (["--mfu", "0.40"], "tokens_per_s", 964_510),          # ≈ 965,000 tokens/s at 40%
+    ],
+)
+def test_diag_mfu_worked_examples(args: list[str], key: str, want: float) -> None:
+    r = run_diag("mfu", "--params", "70e9", "--gpus", "1024", "--gpu", "h100-sxm", *args, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert list(out) == ["mfu", "tokens_per_s", "peak_tflops", "flops_per_token"]
+    assert out[key] == pytest.approx(want, rel=1e-3)
