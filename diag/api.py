@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = Analyz
                  ingest_opts: IngestOptions = IngestOptions(), warn: bool = True) -> tuple[Analysis, dict[str, Any]]:
     opened = open_store(path, db, ingest_opts)
     if opts.model is None and opened.model_file:
-        opts = AnalyzeOptions(model=opened.model_file, gpu=opts.gpu, peak_tflops=opts.peak_tflops)
+        opts = replace(opts, model=opened.model_file)
     for e in opened.errors:
         if warn:
             print(f"diag: warning: {e.one_line()}; analyzing the other files", file=sys.stderr)

@@ -21,12 +21,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None, help="hardware part: h100-sxm, h100-pcie, h100-nvl, h200, a100, b200, ...")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="override the dense peak (still checked against 'with sparsity' figures)")
+    p.add_argument("--tokens-per-step", type=float, default=None,
+                   help="global tokens per optimizer step (what a --model preset needs for MFU)")
 
 
 def analyze_options(args: argparse.Namespace) -> object:
     from diag.engine import AnalyzeOptions
 
-    return AnalyzeOptions(model=args.model, gpu=args.gpu, peak_tflops=args.peak_tflops)
+    return AnalyzeOptions(model=args.model, gpu=args.gpu, peak_tflops=args.peak_tflops,
+                          tokens_per_step=args.tokens_per_step)
 
 
 def _register_analyze(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import duckdb
 
@@ -26,6 +26,7 @@ class AnalyzeOptions:
     model: str | None = None          # preset name or TOML path
     gpu: str | None = None            # hardware part key
     peak_tflops: float | None = None  # override (checked against "with sparsity" figures)
+    tokens_per_step: float | None = None  # global tokens per optimizer step (overrides the model's)
 
 
 @dataclass
@@ -42,6 +43,8 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     if not files:
         raise BadInput(str(con), "no Kineto traces in the store: ingest some first")
     spec = model_mod.load_model(opts.model) if opts.model else None
+    if spec is not None and opts.tokens_per_step:
+        spec = replace(spec, tokens_per_step=opts.tokens_per_step)
     timelines = [load_rank(con, f) for f in files]
 
     # Reduce: collectives across ranks, then each rank's waits and clock offset.
@@ -69,6 +72,12 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     ledgers = [_ledger(tl, i, states[(tl.file_id, i)], peak, rules)
                for tl in timelines for i in range(len(tl.steps.step))]
     mfu, hfu = _utilization(states, peak)
+    if mfu is not None and mfu > IMPOSSIBLE_MFU and spec is not None:
+        raise BadInput(
+            opts.model or spec.name,
+            f"the model description gives {mfu:.1f}× the FLOPs the GPUs can do at their dense peak in the "
+            "measured steps: it does not describe this run (check params, tokens_per_step and --gpu)",
+        )
     run = RunContext(timelines, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed)
     if host:
         run.notes.append(HOST_NOTE)
@@ -80,6 +89,9 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     for tl in timelines:
         if not tl.steps.from_profiler_step:
             run.notes.append(f"rank {tl.rank}: no ProfilerStep spans; one window for the whole capture")
+    if mfu is not None and mfu > 1:
+        run.notes.append(f"MFU above 100% ({mfu:.1%}): the peak is below what the part did, or the model "
+                         "FLOPs are overstated")
     refused = sum(lg.refused_s.get("model_compute", 0.0) for lg in ledgers)
     if refused > 0:
         run.notes.append(
@@ -171,7 +183,7 @@ def _model_flops(
                 f"FLOPs/token × {spec.tokens_per_step:g} tokens/step ÷ {world} GPUs")
     note = "model FLOPs inferred from the trace: 3 × the forward matmul and attention FLOPs from op shapes"
     if spec is not None:
-        note += f" ({spec.name} gives no tokens_per_step)"
+        note += f" ({spec.name} gives no tokens_per_step: pass --tokens-per-step)"
     covered = _shape_coverage(timelines)
     if covered < MIN_SHAPE_COVERAGE:
         # Kernels without shapes (torch.compile regions, record_shapes off) would make the inferred
@@ -184,6 +196,10 @@ def _model_flops(
         states[k] = _with_model(st, 3.0 * st.fwd_flops)
     return note
 
+
+# Above this, model FLOPs cannot have run in the measured time even at the dense peak (allowing for
+# boost clocks over the datasheet): the model description is not this run's.
+IMPOSSIBLE_MFU = 1.5
 
 # Below this share of GEMM/attention kernel time with FLOPs from shapes, inferred FLOPs are not trusted.
 MIN_SHAPE_COVERAGE = 0.9
@@ -201,8 +217,6 @@ def _shape_coverage(timelines: list[RankTimeline]) -> float:
 
 
 def _with_model(st: StepStates, flops: float | None) -> StepStates:
-    from dataclasses import replace
-
     return replace(st, model_flops=flops)
 
 

@@ -139,3 +139,13 @@ def test_clock_offsets(run: Run) -> None:
             continue
         assert offsets[r["rank"]].offset_ns == pytest.approx(r["clock_offset_ns"], abs=2000), run.case  # 2 µs
     assert set(run.report["clock_offsets_us"]) == {str(r["rank"]) for r in run.truth["ranks"]}
+
+
+def test_a_model_description_that_cannot_fit_the_run_is_refused(tmp_path: Path) -> None:
+    from helpers import run_diag
+
+    generate("healthy", tmp_path, world_size=2, steps=2)
+    r = run_diag("analyze", str(tmp_path), "--model", "llama3-8b", "--tokens-per-step", "65536")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "llama3-8b" in r.stderr and "× the FLOPs" in r.stderr
+    ok = run_diag("analyze", str(tmp_path), "--format", "json")   # model.toml beside the traces fits
+    assert ok.returncode == 0 and 0 < json.loads(ok.stdout)["mfu"] < 1

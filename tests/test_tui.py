@@ -330,20 +330,19 @@ async def test_mouse_switches_views_and_opens_a_cell(loaded: Loaded) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "size", "pressed"),
+    ("size", "pressed"),
     [
-        ("overview", (120, 40), ()),
-        ("overview", (80, 24), ()),
-        ("findings", (120, 40), ("2",)),
-        ("ranks", (120, 40), ("3", "down", "down")),
-        ("timeline", (120, 40), ("4", "right", "right", "right")),
-        ("timeline", (80, 24), ("4", "plus")),
-        ("collectives", (120, 40), ("5",)),
-        ("help", (80, 24), ("question_mark",)),
+        pytest.param((120, 40), (), id="overview-120x40"),
+        pytest.param((80, 24), (), id="overview-80x24"),
+        pytest.param((120, 40), ("2",), id="findings-120x40"),
+        pytest.param((120, 40), ("3", "down", "down"), id="ranks-120x40"),
+        pytest.param((120, 40), ("4", "right", "right", "right"), id="timeline-120x40"),
+        pytest.param((80, 24), ("4", "plus"), id="timeline-80x24"),
+        pytest.param((120, 40), ("5",), id="collectives-120x40"),
+        pytest.param((80, 24), ("question_mark",), id="help-80x24"),
     ],
-    ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) and all(isinstance(v, int) for v in x) else None,
 )
-def test_screens(snap_compare: Any, loaded: Loaded, name: str, size: tuple[int, int], pressed: tuple[str, ...]) -> None:
+def test_screens(snap_compare: Any, loaded: Loaded, size: tuple[int, int], pressed: tuple[str, ...]) -> None:
     assert snap_compare(make_app(loaded), terminal_size=size, run_before=keys(*pressed))
 
 
