@@ -52,16 +52,30 @@ def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOpt
 def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(),
                  ingest_opts: IngestOptions = IngestOptions(), warn: bool = True) -> tuple[Analysis, dict[str, Any]]:
     opened = open_store(path, db, ingest_opts)
-    if opts.model is None and opened.model_file:
-        opts = replace(opts, model=opened.model_file)
-    for e in opened.errors:
-        if warn:
+    if warn:
+        for e in opened.errors:
             print(f"diag: warning: {e.one_line()}; analyzing the other files", file=sys.stderr)
-    a = analyze(opened.con, opts)
-    if opened.errors:
-        a.run.notes.append(f"{len(opened.errors)} file(s) could not be read and were left out")
-    if opened.model_file and opts.model == opened.model_file:
-        a.run.notes.append(f"model description from {opened.model_file}")
-    report = build_report(a)
-    opened.con.close()
-    return a, report
+    try:
+        return analyze_opened(opened.con, opts, opened.model_file, len(opened.errors))
+    finally:
+        opened.con.close()
+
+
+def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None = None,
+                   unreadable: int = 0) -> tuple[Analysis, dict[str, Any]]:
+    """Rebuild the analysis tables and the report as one transaction (readers on other cursors see
+    the old tables or the new ones, never a mix); the connection stays open."""
+    if opts.model is None and model_file:
+        opts = replace(opts, model=model_file)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        a = analyze(con, opts)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    if unreadable:
+        a.run.notes.append(f"{unreadable} file(s) could not be read and were left out")
+    if model_file and opts.model == model_file:
+        a.run.notes.append(f"model description from {model_file}")
+    return a, build_report(a)

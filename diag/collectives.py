@@ -87,7 +87,7 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
     for i in comm:
         a = by_corr.get(tl.correlation[i]) or _enclosing(by_tid, tl.launch_tid[i], tl.launch_ts_ns[i])
         kname = tl.collective[i] or "unknown"
-        step = int(tl.step_of[i])
+        step = tl.steps.step[int(tl.step_of[i])] if tl.step_of[i] >= 0 else -1   # the ProfilerStep number
         if a is None:
             if kname == "sendrecv" and not tl.host_timeline:
                 # NCCL runs all-to-all as grouped send/recv: without the CPU-side op we cannot

@@ -265,7 +265,8 @@ def write_tables(con: duckdb.DuckDBPyConnection, a: Analysis) -> None:
         steps = [s.step[i] if i >= 0 else None for i in tl.step_of.tolist()]
         mnk = tl.gemm_mnk
         acts = pa.table({
-            "file_id": [tl.file_id] * len(tl), "rank": [tl.rank] * len(tl), "step": steps, "source": tl.source,
+            "file_id": [tl.file_id] * len(tl), "idx": list(range(len(tl))), "rank": [tl.rank] * len(tl),
+            "step": steps, "source": tl.source,
             "name": tl.name, "kclass": tl.kclass, "collective": tl.collective, "stream": tl.stream,
             "ts_ns": tl.ts_ns, "end_ns": tl.end_ns, "correlation": tl.correlation,
             "launch_ts_ns": tl.launch_ts_ns, "launch_end_ns": tl.launch_end_ns, "op_name": tl.op_name,

@@ -14,17 +14,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import duckdb
 
 from diag import store
-from diag.api import Opened, open_store
-from diag.engine import Analysis, AnalyzeOptions, analyze
+from diag.api import Opened, analyze_opened, open_store
+from diag.engine import AnalyzeOptions
 from diag.errors import BadInput
 from diag.ingest.discover import discover
 from diag.ingest.pipeline import IngestOptions, ingest
-from diag.report import build_report
 from tui import queries
 from tui.snapshot import LiveStatus, PendingFile, Snapshot, analyzed, empty
 
@@ -53,26 +52,6 @@ class Loader(Protocol):
     store: Store | None
 
     def load(self, progress: Progress) -> Snapshot: ...
-
-
-def analyze_store(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None,
-                  unreadable: int = 0) -> tuple[Analysis, dict[str, Any]]:
-    """Rebuild the analysis tables and the report, as one transaction: readers see the old tables
-    or the new ones, never a half-written mix."""
-    if opts.model is None and model_file:
-        opts = dataclasses.replace(opts, model=model_file)
-    con.execute("BEGIN TRANSACTION")
-    try:
-        a = analyze(con, opts)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    if unreadable:
-        a.run.notes.append(f"{unreadable} file(s) could not be read and were left out")
-    if model_file and opts.model == model_file:
-        a.run.notes.append(f"model description from {model_file}")
-    return a, build_report(a)
 
 
 def _model_beside(path: Path) -> str | None:
@@ -106,7 +85,7 @@ class PostMortem:
         self.store = Store(opened.con)
         self.errors = opened.errors
         progress("analyzing: timelines, collectives, ledger, rules", None)
-        a, report = analyze_store(opened.con, self.opts, opened.model_file or _model_beside(Path(self.path)),
+        a, report = analyze_opened(opened.con, self.opts, opened.model_file or _model_beside(Path(self.path)),
                                   len(opened.errors))
         progress("preparing the views", None)
         return analyzed(opened.con, a, report, 1, self.path)
@@ -169,7 +148,7 @@ class Live:
             changed = self._ingest(stuck, dataclasses.replace(self.ingest_opts, salvage=True), now) or changed
         if changed:
             self.generation += 1
-            a, report = analyze_store(self.store.con, self.opts, _model_beside(Path(self.directory)), self._errors)
+            a, report = analyze_opened(self.store.con, self.opts, _model_beside(Path(self.directory)), self._errors)
             self._snapshot = analyzed(self.store.con, a, report, self.generation, self.directory)
         status = self._status(now)
         if changed or status != self._snapshot.live:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import gc
 import re
-from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -19,6 +19,7 @@ CREATE OR REPLACE TABLE steps (
 -- One row per GPU activity (kernel, memcpy, memset) with what diag derived for it.
 CREATE OR REPLACE TABLE activities (
     file_id     INTEGER,
+    idx         INTEGER,       -- position in the rank's timeline: the i of evidence ids act:<file_id>:<i>
     rank        INTEGER,
     step        INTEGER,       -- the step whose CPU span launched it (NULL: launched outside any)
     source      VARCHAR,       -- 'kernel' | 'memcpy' | 'memset'

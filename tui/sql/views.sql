@@ -128,13 +128,12 @@ WHERE c.instance = $instance
 GROUP BY c.pg_name, c.collective;
 
 -- name: activity_by_index
--- One activity (evidence `act:<file_id>:<index>`): the index is its position in the file's
--- timeline, which engine.write_tables inserts in order, one file after another.
+-- One activity (evidence `act:<file_id>:<index>`): `idx` is its position in the file's timeline.
 SELECT a.rank, a.step, a.name, a.kclass, a.op_name, a.ts_ns + coalesce(o.offset_ns, 0) AS aligned_ts_ns,
        a.end_ns + coalesce(o.offset_ns, 0) AS aligned_end_ns, a.flops
 FROM activities a LEFT JOIN clock_offsets o USING (rank)
 WHERE a.file_id = $file_id
-  AND a.rowid = (SELECT min(rowid) FROM activities WHERE file_id = $file_id) + $index;
+  AND a.idx = $index;
 
 -- name: step_time
 -- One rank's step (evidence `step:<rank>:<step>`).
