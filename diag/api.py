@@ -42,7 +42,7 @@ def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOpt
         return Opened(store.connect(path))
     con = store.connect(db)
     result = ingest([path], con, ingest_opts, progress=progress)
-    n = con.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchone()
+    n = con.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchall()[0]
     if result.errors and not (n and n[0]):
         raise result.errors[0]
     model = Path(path) / "model.toml" if Path(path).is_dir() else Path(path).parent / "model.toml"
