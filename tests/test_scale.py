@@ -102,7 +102,7 @@ def test_store_memory_is_capped_and_spills_to_a_private_directory(tmp_path: Path
     con = store.connect(None)
     limit, temp = one(con, "SELECT current_setting('memory_limit'), current_setting('temp_directory')")
     assert os.path.isabs(temp) and Path(temp).parent != Path.cwd(), temp
-    assert store.MEMORY_LIMIT_BYTES <= 2 * 1024**3
+    assert store.MEMORY_LIMIT_BYTES <= 1024**3
     assert limit.endswith(("MiB", "GiB")), limit
     con.close()
     con = store.connect(tmp_path / "x.duckdb")

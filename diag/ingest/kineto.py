@@ -72,7 +72,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
 _EMPTY_ARGS = _Args()
 
 
-class _Event(msgspec.Struct, gc=False):
+class _EventFields(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str | None = None
     name: str | None = None
@@ -81,20 +81,15 @@ class _Event(msgspec.Struct, gc=False):
     ts: Number | None = None
     dur: Number | None = None
     id: int | str | None = None
+
+
+class _Event(_EventFields, gc=False):
     args: _Args = _EMPTY_ARGS        # typed in the same C pass as the event
 
 
-class _EventLoose(msgspec.Struct, gc=False):
+class _EventLoose(_EventFields, gc=False):
     """The same event with raw args: the fallback when some args key has an unexpected type."""
 
-    ph: str = ""
-    cat: str | None = None
-    name: str | None = None
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: Number | None = None
-    dur: Number | None = None
-    id: int | str | None = None
     args: msgspec.Raw = _NO_RAW
 
 
