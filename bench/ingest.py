@@ -5,7 +5,8 @@
 With no TRACE it uses ../shared/traces' control.json.gz (34.8 MB of JSON) and a trace of at least
 --big-mb MB made from it by repeating its steps with shifted timestamps. Every method runs on the
 same file, in a fresh forked child of this one process (so each peak RSS is that method's own,
-read from the child's ru_maxrss; baseline = the child's RSS before it starts). Time is the median
+read from the child's ru_maxrss; baseline = the child's RSS before it starts), with every
+library imported before the fork (no method pays for its imports). Time is the median
 of --repeat runs. Prints a table and the ratios the issue sets as the bar: diag ≤ orjson.loads,
 ≥ 8× faster than HTA, less memory than HTA.
 """
@@ -127,7 +128,22 @@ def make_big(src: Path, min_mb: int, out: Path) -> Path:
     return out
 
 
+def _preload() -> None:
+    """Import every method's libraries here, before forking, so that no child's time or memory
+    counts an import (HTA's pandas and diag's duckdb/pyarrow alike)."""
+    import logging
+
+    import orjson  # noqa: F401
+
+    import diag.ingest.pipeline  # noqa: F401
+    import diag.store  # noqa: F401
+
+    logging.disable(logging.WARNING)
+    import hta.trace_analysis  # noqa: F401
+
+
 def main() -> int:
+    _preload()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="*", type=Path)
     ap.add_argument("--big-mb", type=int, default=300)

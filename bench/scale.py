@@ -104,7 +104,7 @@ def replicate(job: _Job) -> int:
 
 
 def generate_point(data: Path, ranks: int, mb: int, jobs: int) -> Path:
-    """DATA/r{ranks}_m{mb}/rank-*.json, each about `mb` MB; kept if already complete."""
+    """DATA/r{ranks}_m{mb}/rank-*.json, each about `mb` MB (10⁶ bytes); kept if already complete."""
     out = data / f"r{ranks}_m{mb}"
     files = [out / f"rank-{r}.json" for r in range(ranks)]
     if all(f.exists() for f in files):
@@ -122,7 +122,7 @@ def generate_point(data: Path, ranks: int, mb: int, jobs: int) -> Path:
         hi = max(hi, max(e["ts"] + e.get("dur", 0) for e in evs))
         body_bytes = max(body_bytes, len(orjson.dumps(evs)))
     period = round(hi - lo + GAP_US, 3)           # the same on every rank: collectives stay aligned
-    copies = max(1, math.ceil(mb * 1024**2 / body_bytes))
+    copies = max(1, round(mb * 1e6 / body_bytes))
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(base / "model.toml", out / "model.toml")
     todo = [_Job(s, f, copies, period, BASE_STEPS) for s, f in zip(srcs, files, strict=True) if not f.exists()]
@@ -233,35 +233,35 @@ def run_point(data: Path, ranks: int, mb: int, executor: str, jobs: int | None, 
 # --------------------------------------------------------------------------- reporting
 
 
-def _row(p: Point, base: Point) -> list[str]:
-    mb = p.bytes / 1e6
-    total = p.ingest.wall_s + (p.analyze.wall_s if p.analyze else 0.0)
-    base_total = base.ingest.wall_s + (base.analyze.wall_s if base.analyze else 0.0)
-    growth = (total / base_total) / (p.bytes / base.bytes)
-    peak = max(p.ingest.peak_bytes, p.analyze.peak_bytes if p.analyze else 0)
-
-    def stage(s: Stage | None) -> list[str]:
-        if s is None:
-            return ["—", "—", "—"]
-        return [f"{s.wall_s:.0f}", f"{mb / s.cpu_s:.1f}" if s.cpu_s else "—", f"{s.peak_bytes / 1e9:.2f}"]
-
-    return [f"{p.ranks}", f"{p.mb_per_rank}", f"{mb / 1e3:.2f}", *stage(p.ingest), *stage(p.analyze),
-            f"{total:.0f}", f"{peak / 1e9:.2f}", f"{growth:.2f}", f"{p.load_avg:.1f}"]
+def _growth(s: Stage, b: Stage, p: Point, base: Point) -> str:
+    """Seconds per byte ÷ the base point's, wall / CPU: 1.00 is linear in bytes."""
+    scale = base.bytes / p.bytes
+    return f"{s.wall_s / b.wall_s * scale:.2f} / {s.cpu_s / b.cpu_s * scale:.2f}"
 
 
-HEADER = ["ranks", "MB/rank", "GB", "ingest s", "ingest MB/s/core", "ingest peak GB", "analyze s",
-          "analyze MB/s/core", "analyze peak GB", "total s", "peak GB", "growth", "load"]
+def _stage(s: Stage | None, b: Stage | None, p: Point, base: Point) -> list[str]:
+    if s is None or b is None:
+        return ["—"] * 4
+    return [f"{s.wall_s:.0f}", f"{p.bytes / 1e6 / s.cpu_s:.1f}", f"{s.peak_bytes / 1e9:.2f}", _growth(s, b, p, base)]
+
+
+HEADER = ["ranks", "MB/rank", "GB", "gen s",
+          "ingest s", "ingest MB/s/core", "ingest peak GB", "ingest growth wall/cpu",
+          "analyze s", "analyze MB/s/core", "analyze peak GB", "analyze growth wall/cpu", "load"]
 
 
 def table(points: list[Point]) -> str:
-    """Markdown. MB/s/core = MB ÷ CPU seconds of the stage; growth = time per byte ÷ the
-    smallest point's (1.0 is linear in bytes)."""
+    """Markdown, smallest point first. MB/s/core = MB ÷ the stage's CPU seconds; peak = summed PSS
+    of the stage's processes; growth = seconds per byte ÷ the smallest point's (1.00 = linear)."""
     pts = sorted(points, key=lambda p: (p.bytes, p.ranks))
     if not pts:
         return ""
     base = pts[0]
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(_row(p, base)) + " |" for p in pts]
+    for p in pts:
+        row = [f"{p.ranks}", f"{p.mb_per_rank}", f"{p.bytes / 1e9:.2f}", f"{p.gen_s:.0f}",
+               *_stage(p.ingest, base.ingest, p, base), *_stage(p.analyze, base.analyze, p, base), f"{p.load_avg:.1f}"]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -289,18 +289,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--executor", choices=("local", "ray"), default="local")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--no-analyze", action="store_true", help="ingest only")
-    ap.add_argument("--table", action="store_true", help="print the table of the results kept in DATA and exit")
+    ap.add_argument("--label", default="results",
+                    help="results accumulate in DATA/LABEL.jsonl; the table shows that file's points")
+    ap.add_argument("--table", action="store_true", help="print the table of the results kept and exit")
     ap.add_argument("--clean", action="store_true", help="delete each point's traces after measuring it")
     a = ap.parse_args(argv)
     a.data.mkdir(parents=True, exist_ok=True)
-    results = a.data / "results.jsonl"
+    results = a.data / f"{a.label}.jsonl"
     if not a.table:
         for ranks in a.ranks:
             for mb in a.sizes:
                 p = run_point(a.data, ranks, mb, a.executor, a.jobs, not a.no_analyze)
                 with results.open("ab") as f:
                     f.write(orjson.dumps(p) + b"\n")
-                print(table([p]).splitlines()[-1], flush=True)
+                print(f"{ranks} ranks × {mb} MB: ingest {p.ingest.wall_s:.0f} s, "
+                      f"analyze {p.analyze.wall_s if p.analyze else 0:.0f} s", flush=True)
                 if a.clean:
                     shutil.rmtree(a.data / f"r{ranks}_m{mb}", ignore_errors=True)
     print(table(_load_results(results)))

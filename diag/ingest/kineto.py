@@ -118,7 +118,9 @@ _args_decoder = msgspec.json.Decoder(_Args)
 # Kineto's events are written one object after another: `}`, a comma, `{`. A match inside a
 # string or a nested object is found out by the chunk failing to decode, and skipped.
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
-DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
+# ~4 MB of JSON is ~12k events: large enough that per-chunk costs vanish, small enough that the
+# Python objects of one chunk stay a few tens of MB.
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 
 _KERNEL_CATS = frozenset({"kernel", "Kernel"})
 _MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
