@@ -106,6 +106,13 @@ def _waterfall(r: dict[str, Any]) -> list[tuple[str, float]]:
     return [(b, p) for b, p in losses if p >= 0.05]
 
 
+def _worst(r: dict[str, Any]) -> str:
+    w = r["worst_rank"]
+    top = max((b for b in BUCKETS if b != "model_compute"), key=lambda b: w["ledger"][b])
+    return (f"  worst rank: {w['rank']} (model_compute {w['ledger']['model_compute'] * 100:.1f}, "
+            f"step {w['step_time_s'] * 1e3:.2f} ms, most lost to {top} {w['ledger'][top] * 100:.1f})")
+
+
 def _mfu_points(r: dict[str, Any]) -> str:
     return "unknown" if r["mfu"] is None else f"{r['ledger']['model_compute'] * 100:.1f}"
 
@@ -117,6 +124,8 @@ def render_text(r: dict[str, Any]) -> str:
     for b, p in _waterfall(r):
         lines.append(f"  − {b:<20}{p:>7.1f}  {'█' * max(1, round(p / 100 * _BAR))}")
     lines.append(f"  = {'model_compute (MFU)':<20}{_mfu_points(r):>7}")
+    if r["worst_rank"] is not None and len(r["ranks"]) > 1:
+        lines.append(_worst(r))
     lines.append("")
     if r["findings"]:
         lines.append("findings, by cost")
@@ -138,7 +147,10 @@ def render_markdown(r: dict[str, Any]) -> str:
     out = ["# diag report", "", f"**{h[0]}**  ", h[1], "", "## Where the step went", "",
            "| | MFU points |", "|---|---:|", f"| peak | {100.0:.1f} |"]
     out += [f"| − {b} | {p:.1f} |" for b, p in _waterfall(r)]
-    out += [f"| **= MFU** | **{_mfu_points(r).strip()}** |", "", "## Findings", ""]
+    out += [f"| **= MFU** | **{_mfu_points(r).strip()}** |", ""]
+    if r["worst_rank"] is not None and len(r["ranks"]) > 1:
+        out += [_worst(r).strip().capitalize(), ""]
+    out += ["## Findings", ""]
     if not r["findings"]:
         out.append("No findings above their thresholds.")
     for f in r["findings"]:
