@@ -40,6 +40,8 @@ def analyze(out: Path, switches: dict[str, Any]) -> dict[str, Any]:
     r = run_diag("analyze", str(out), "--format", "json")
     assert r.returncode == 0, r.stderr
     report: dict[str, Any] = json.loads(r.stdout)
+    # torch.profiler named the files {host}_{pid}.{ns}.pt.trace.json: the ranks come from distributedInfo.
+    assert report["ranks"] == [0, 1] and report["world_size"] == 2
     assert report["timeline"] == "host" and report["mfu"] is None
     assert any("CPU-only trace" in n for n in report["notes"])
     assert sum(report["ledger"].values()) == pytest.approx(1.0, abs=0.01)
