@@ -56,6 +56,7 @@ def assign_phases(
     phase = ["other"] * n
     stack: list[int] = []
     cur_tid: int | None = None
+    memo: dict[tuple[str, str | None, bool], str] = {}   # a trace repeats a few hundred op names
     for i in range(n):
         if tid[i] != cur_tid:
             stack.clear()
@@ -66,8 +67,11 @@ def assign_phases(
         # from clock jitter): pop until it fits.
         while stack and end[stack[-1]] < end[i]:
             stack.pop()
-        parent = phase[stack[-1]] if stack else None
-        phase[i] = _phase_of(name[i] or "", parent, fwd_tid[i] is not None)
+        key = (name[i] or "", phase[stack[-1]] if stack else None, fwd_tid[i] is not None)
+        p = memo.get(key)
+        if p is None:
+            p = memo[key] = _phase_of(*key)
+        phase[i] = p
         stack.append(i)
     return phase
 
