@@ -8,9 +8,11 @@ is the fixture generator's `straggler` case (fixtures/generate.py) for R ranks, 
 with shifted timestamps and ids until the file reaches M MB (`replicate`).
 
 Each stage runs the real command line (`diag ingest`, then `diag analyze` on the store) as a
-child process; its peak memory is the largest total RSS of that process and its children,
-sampled every 50 ms from /proc (RSS counts mapped trace pages too, so it is an upper bound).
-Growth is (time ratio) ÷ (bytes ratio) against the smallest point measured: 1.0 is linear.
+child process; its peak memory is the largest summed PSS of that process and all its descendants
+(parse workers, Ray's processes), sampled every 50 ms from /proc. PSS splits shared pages among
+the processes that map them and counts a mapped trace's resident pages, so it is an upper bound
+on what the run needs. Results accumulate in DATA/LABEL.jsonl; `--table` prints them (the table
+in docs/scale.md). Growth is seconds per byte ÷ the smallest point's: 1.00 is linear in bytes.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def generate_point(data: Path, ranks: int, mb: int, jobs: int) -> Path:
     if all(f.exists() for f in files):
         return out
     base = data / f"base_r{ranks}"
-    if not (base / f"rank-{ranks - 1}.json").exists():
+    if not (base / "truth.json").exists():   # written last: the base run is complete
         from fixtures.generate import generate
 
         generate(_scenario(ranks), base)

@@ -142,19 +142,21 @@ def match(calls: Iterable[Call]) -> list[Matched]:
         o = ordinal[k]
         ordinal[k] += 1
         keyed.append((c, o, key))
-    groups: dict[str, list[Call]] = defaultdict(list)
+    # One pass per instance (not per member): cost linear in calls, whatever the group size.
+    groups: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)   # (key, collective) → rank → dur
     for c, _, key in keyed:
-        groups[key].append(c)
+        groups[(key, c.collective)][c.rank] = c.end_ns - c.ts_ns
+    last_of = {g: min(durs, key=lambda r: (durs[r], r)) for g, durs in groups.items()}
     out = []
     for c, o, key in keyed:
-        members = [m for m in groups[key] if m.collective == c.collective]
-        if len(members) < 2 or c.collective == "sendrecv":
+        g = (key, c.collective)
+        durs = groups[g]
+        if len(durs) < 2 or c.collective == "sendrecv":
             # Point-to-point waits are pipeline bubble, not stragglers (docs/ledger.md).
-            out.append(Matched(c, o, key, 0, None, len(members)))
+            out.append(Matched(c, o, key, 0, None, len(durs)))
             continue
-        durs = {m.rank: m.end_ns - m.ts_ns for m in members}
-        last = min(durs, key=lambda r: (durs[r], r))
-        out.append(Matched(c, o, key, max(0, durs[c.rank] - durs[last]), last, len(members)))
+        last = last_of[g]
+        out.append(Matched(c, o, key, max(0, durs[c.rank] - durs[last]), last, len(durs)))
     return out
 
 

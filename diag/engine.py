@@ -257,8 +257,8 @@ def write_tables(con: duckdb.DuckDBPyConnection, a: Analysis) -> None:
     con.execute(store.sql_text("analysis.sql"))
     for tl in run.timelines:
         s = tl.steps
-        con.executemany(
-            "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        store.insert_rows(
+            con, "steps",
             [(tl.file_id, tl.rank, tl.capture_window, s.step[i], s.cpu_start_ns[i], s.cpu_end_ns[i],
               int(s.start_ns[i]), int(s.end_ns[i]), s.n_kernels[i], s.from_profiler_step) for i in range(len(s.step))],
         )
@@ -286,22 +286,20 @@ def write_tables(con: duckdb.DuckDBPyConnection, a: Analysis) -> None:
             con.register("_seg", seg)
             con.execute("INSERT INTO gpu_segments SELECT * FROM _seg")
             con.unregister("_seg")
-    rows = collective_rows(run.matched, run.offsets)
-    if rows:
-        con.executemany(f"INSERT INTO collectives VALUES ({', '.join('?' * 23)})", rows)
-    con.executemany(
-        "INSERT INTO clock_offsets VALUES (?, ?, ?, ?)",
+    store.insert_rows(con, "collectives", collective_rows(run.matched, run.offsets))
+    store.insert_rows(
+        con, "clock_offsets",
         [(o.rank, o.offset_ns, o.n_matches, o.spread_ns) for o in run.offsets.values()],
     )
     step_no = {(tl.file_id, i): tl.steps.step[i] for tl in run.timelines for i in range(len(tl.steps.step))}
     rank_of = {tl.file_id: tl.rank for tl in run.timelines}
-    con.executemany(
-        f"INSERT INTO gpu_states VALUES ({', '.join('?' * 19)})",
+    store.insert_rows(
+        con, "gpu_states",
         [(fid, rank_of[fid], step_no[(fid, i)], st.window_ns, st.compute_ns, st.comm_ns, st.copy_ns, st.idle_ns,
           st.matmul_ns, st.non_matmul_ns, st.p2p_only_ns, st.wait_ns, st.dataloader_ns, st.host_bound_ns,
           st.recompute_ns, st.model_flops, st.exec_flops, st.recompute_flops, st.fwd_flops) for (fid, i), st in run.states.items()],
     )
-    con.executemany(
-        "INSERT INTO ledger VALUES (?, ?, ?, ?, ?)",
+    store.insert_rows(
+        con, "ledger",
         [(lg.rank, lg.step, b, s, lg.fractions()[b]) for lg in run.ledgers for b, s in lg.buckets.items()],
     )
