@@ -149,3 +149,27 @@ def test_a_model_description_that_cannot_fit_the_run_is_refused(tmp_path: Path) 
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "llama3-8b" in r.stderr and "× the FLOPs" in r.stderr
     ok = run_diag("analyze", str(tmp_path), "--format", "json")   # model.toml beside the traces fits
     assert ok.returncode == 0 and 0 < json.loads(ok.stdout)["mfu"] < 1
+
+
+def test_flight_recorder_calls_join_the_kineto_collectives(tmp_path: Path) -> None:
+    """A Flight Recorder JSON dump beside the traces (told apart by content, named as PyTorch names
+    it) joins each Kineto collective of the same rank, process group and Seq."""
+    from diag.api import open_store
+    from diag.engine import analyze
+
+    truth = generate("healthy", tmp_path, world_size=2, steps=2)
+    calls = [c for c in truth.to_json()["collectives"] if c["pg_name"] == "0"]
+    entries = [{
+        "record_id": i, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": c["seq"],
+        "p2p_seq_id": 0, "op_id": i, "profiling_name": "nccl:all_reduce", "time_created_ns": 1, "duration_ms": 0.5 + i,
+        "state": "completed", "input_sizes": [[1024]], "input_dtypes": ["BFloat16"], "output_sizes": [[1024]],
+        "output_dtypes": ["BFloat16"], "is_p2p": False, "retired": True, "timeout_ms": 600000,
+    } for i, c in enumerate(calls)]
+    dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "pg_status": {}, "entries": entries}
+    (tmp_path / "nccl_trace_rank_0").write_text(json.dumps(dump))
+    opened = open_store(str(tmp_path), None)
+    analyze(opened.con, _options(CASES_DIR / "healthy", tmp_path))
+    rows = opened.con.execute("SELECT seq, nccl_duration_ns FROM collectives_nccl WHERE rank = 0 ORDER BY seq").fetchall()
+    assert rows and [r[0] for r in rows] == [c["seq"] for c in calls]
+    assert [r[1] for r in rows] == [round((0.5 + i) * 1e6) for i in range(len(calls))]

@@ -118,3 +118,14 @@ CREATE OR REPLACE TABLE ledger (
     seconds  DOUBLE,
     fraction DOUBLE
 );
+
+-- Kineto collectives joined to what NCCL-side traces recorded of the same call: by rank, process
+-- group and Seq (Flight Recorder's collective_seq_id counts per group as PyTorch's Seq does).
+-- NCCL Inspector and the profiler plugin number calls by communicator, not by process group, so
+-- they stay in nccl_ops on their own.
+CREATE OR REPLACE VIEW collectives_nccl AS
+SELECT c.rank, c.step, c.pg_name, c.collective, c.seq, c.ts_ns, c.end_ns, c.wait_ns, c.busbw_gbps,
+       n.source AS nccl_source, n.collective AS nccl_collective, n.state AS nccl_state,
+       n.duration_ns AS nccl_duration_ns, n.msg_bytes AS nccl_msg_bytes, n.bus_bw_gbps AS nccl_bus_bw_gbps
+FROM collectives c
+JOIN nccl_ops n ON n.rank = c.rank AND n.pg_name = c.pg_name AND n.seq = c.seq AND n.source = 'flight_recorder';
