@@ -37,7 +37,7 @@ def main() -> int:
     from diag.collectives import calls_of, clock_offsets, match, wait_intervals
     from diag.ingest.pipeline import IngestOptions, ingest
     from diag.states import rank_states
-    from diag.timeline import load_timelines, rank_files
+    from diag.timeline import load_rank, rank_files
 
     tmp = Path(tempfile.mkdtemp())
     with gzip.open(CONTROL, "rb") as f:
@@ -53,7 +53,7 @@ def main() -> int:
 
     def build() -> tuple[float, float, float]:
         t0 = time.perf_counter()
-        tls = load_timelines(con, rank_files(con))
+        tls = [load_rank(con, f) for f in rank_files(con)]
         t1 = time.perf_counter()
         calls = [c for tl in tls for c in calls_of(con, tl)]
         matched = match(calls)

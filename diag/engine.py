@@ -16,7 +16,7 @@ from diag.collectives import calls_of, clock_offsets, collective_rows, match, wa
 from diag.errors import BadInput
 from diag.ledger import StepLedger
 from diag.states import STATES, StateRuns, StepStates, exposed_comm_ns, rank_states
-from diag.timeline import RankTimeline, load_timelines, rank_files
+from diag.timeline import RankTimeline, load_rank, rank_files
 from rules import RULES
 from rules.base import Rule
 
@@ -45,7 +45,7 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     spec = model_mod.load_model(opts.model) if opts.model else None
     if spec is not None and opts.tokens_per_step:
         spec = replace(spec, tokens_per_step=opts.tokens_per_step)
-    timelines = load_timelines(con, files)
+    timelines = [load_rank(con, f) for f in files]
 
     # Reduce: collectives across ranks, then each rank's waits and clock offset.
     calls = [c for tl in timelines for c in calls_of(con, tl)]

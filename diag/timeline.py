@@ -381,17 +381,6 @@ def _tensor_bytes(dims_text: str | None, types_text: str | None) -> float | None
     return sum(sizes) + max(sizes) if sizes else None
 
 
-def load_timelines(con: duckdb.DuckDBPyConnection, files: list[int], threads: int = 2) -> list[RankTimeline]:
-    """Every rank's timeline, in the order of `files`. Two threads, each on its own cursor: while
-    one waits on DuckDB (which runs without the GIL) the other runs its Python."""
-    if threads <= 1 or len(files) <= 1:
-        return [load_rank(con, f) for f in files]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(lambda f: load_rank(con.cursor(), f), files))
-
-
 def rank_files(con: duckdb.DuckDBPyConnection) -> list[int]:
     """Kineto files to analyze, by rank then capture window."""
     return [r[0] for r in con.execute(
