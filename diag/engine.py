@@ -124,7 +124,10 @@ def resolve_peak(timelines: list[RankTimeline], opts: AnalyzeOptions) -> Peak:
     part: hardware.Part | None = None
     how = ""
     if opts.gpu:
-        part = hardware.part_by_key(opts.gpu)
+        try:
+            part = hardware.part_by_key(opts.gpu)
+        except ValueError as e:
+            raise BadInput("--gpu", str(e)) from None
         how = f"--gpu {opts.gpu}"
     else:
         for tl in timelines:

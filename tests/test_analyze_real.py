@@ -79,3 +79,9 @@ def test_diag_mfu_worked_examples(args: list[str], key: str, want: float) -> Non
     out = json.loads(r.stdout)
     assert list(out) == ["mfu", "tokens_per_s", "peak_tflops", "flops_per_token"]
     assert out[key] == pytest.approx(want, rel=1e-3)
+
+
+def test_an_unknown_gpu_name_is_bad_input() -> None:
+    src = shared_traces() / "kineto/docs/traces/after_fix_trace.json"
+    r = run_diag("analyze", str(src), "--rank", "0", "--gpu", "h900")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "h100-sxm" in r.stderr
