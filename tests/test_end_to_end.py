@@ -57,8 +57,15 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cpu_captures")]
 
 
+# Two ranks on two shared CPU cores wait on each other in gloo by chance, every step: real
+# waiting that MFU005 reports and that no capture here injects; its size depends on whatever
+# else the machine runs (seen from 3 to over 10 points on an unchanged healthy run).
+NOISE = "MFU005"
+
+
 def test_a_healthy_run_raises_nothing_major(healthy: dict[str, Any]) -> None:
-    assert all(f["severity"] != "high" for f in healthy["findings"]), healthy["findings"]
+    major = [f["code"] for f in healthy["findings"] if f["severity"] == "high" and f["code"] != NOISE]
+    assert not major, healthy["findings"]
 
 
 @pytest.mark.parametrize("case", [c for c, (_, code) in CASES.items() if code])
@@ -68,12 +75,14 @@ def test_the_injected_cause_is_named_first(case: str, tmp_path: Path, healthy: d
     report = analyze(tmp_path / "run", switches)
     findings = [(f["code"], f["mfu_points"]) for f in report["findings"]]
     assert code in dict(findings) and dict(findings)[code] >= 5, findings
-    # The cause's bucket is the one that grew most against the healthy run captured alike.
-    growth = {b: report["ledger"][b] - healthy["ledger"][b] for b in report["ledger"]}
-    assert max(growth, key=lambda b: growth[b]) == BUCKET[code], growth
-    if code != "MFU005":
-        # Two ranks sharing two CPU cores also wait on each other in gloo by chance, every step:
-        # real waiting (MFU005) that the captures did not inject and whose size depends on what
-        # else the machine runs. The injected cause must lead everything else.
-        findings = [f for f in findings if f[0] != "MFU005"]
+    if code == NOISE:
+        # The injected straggler is rank 1: it must be the one named, first.
+        straggler = next(f for f in report["findings"] if f["code"] == code)
+        assert straggler["ranks"][0] == 1, straggler["summary"]
+    else:
+        # The cause's bucket is the one that grew most against the healthy run captured alike,
+        # and the cause leads every finding but the chance waiting (NOISE).
+        growth = {b: report["ledger"][b] - healthy["ledger"][b] for b in report["ledger"] if b != BUCKET[NOISE]}
+        assert max(growth, key=lambda b: growth[b]) == BUCKET[code], growth
+        findings = [f for f in findings if f[0] != NOISE]
     assert findings[0][0] == code, findings
