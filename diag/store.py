@@ -16,7 +16,7 @@ import pyarrow as pa
 
 SQL_DIR = resources.files("diag") / "sql"
 
-# Columns written from Arrow as raw JSON bytes (diag.ingest.kineto.JSON_COLUMNS); DuckDB turns
+# Columns written from Arrow as raw JSON bytes (kineto.SCHEMAS binary columns, nccl_ops.record); DuckDB turns
 # them into JSON text in one vectorized pass.
 _JSON_COLUMNS = frozenset({"args", "input_dims", "input_types", "grid", "block", "in_split", "out_split", "record"})
 

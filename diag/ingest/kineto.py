@@ -166,22 +166,6 @@ class KinetoFile:
             self.schema_era = "2021"
 
 
-@dataclass(frozen=True)
-class KinetoParse:
-    """One file, parsed whole (tests and small files; ingest streams with `read_kineto`)."""
-
-    file: KinetoFile
-    tables: dict[str, pa.Table]
-
-
-def parse_kineto(path: str, data: bytes, salvage: bool = False) -> KinetoParse:
-    info, chunks = read_kineto(path, data, salvage)
-    parts = list(chunks)
-    tables = {name: pa.concat_tables([p[name] for p in parts]) if parts else SCHEMAS[name].empty_table()
-              for name in SCHEMAS}
-    return KinetoParse(info, tables)
-
-
 def read_kineto(
     path: str, data: Any, salvage: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     release: Any = None,
@@ -417,7 +401,6 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 # The tables that hold events (collective_args is derived from them, not counted).
 EVENT_TABLES = ("cpu_ops", "gpu_annotations", "runtime_calls", "kernels", "copies", "flows", "other_events")
-JSON_COLUMNS = frozenset({"args", "input_dims", "input_types", "grid", "block", "in_split", "out_split"})
 
 
 def _decode_args(raws: Sequence[msgspec.Raw], bad: list[int]) -> list[_Args]:
