@@ -17,7 +17,7 @@ from helpers import run_diag
 
 pytest.importorskip("torch")
 
-from diag.example import run_example  # noqa: E402
+from diag.example import ExampleConfig, run_example  # noqa: E402
 
 # A model big enough that its compute, not Python overhead, fills the step.
 MODEL = {"head_dim": 32, "seq_len": 128}
@@ -27,7 +27,10 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "slow_rank": ({"slow_rank": 1, "slow_ms": 120}, "MFU005"),
     "recompute": ({"recompute": "full"}, "MFU004"),
     "no_overlap": ({"no_overlap": True}, "MFU001"),
-    "pipeline": ({"pp": 2}, "MFU002"),
+    # One microbatch: GPipe's bubble is (p-1)/(m+p-1) = 1/2 of each step, and each op is as big as in
+    # the healthy run. (The default, four microbatches, makes every op 4× smaller, and on the host
+    # timeline the interpreter's gaps between ops, idle_other, then grow by as much as the bubble.)
+    "pipeline": ({"pp": 2, "micro_batch": ExampleConfig.batch}, "MFU002"),
 }
 
 
