@@ -3,9 +3,10 @@
     python bench/timeline.py [--ranks 8] [--repeat 3]
 
 Makes RANKS copies of ../shared/traces' control.json.gz (34.8 MB of JSON, an A100 rank), each
-claiming its own rank, ingests them into one DuckDB file, then times the per-rank timelines
-(launch linking, phases, FLOPs, steps), the cross-rank collectives and clock offsets, and the
-GPU-state sweep — everything `analyze` does before the rules.
+claiming its own rank, ingests them into one DuckDB file, then times the map step (each rank's
+timeline: launch linking, phases, FLOPs, steps; its GPU-state sweep and collective calls) and
+the reduce (calls matched across ranks, clock offsets, waits) — everything `analyze` does before
+the ledger and the rules.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ def main() -> int:
     if not CONTROL.exists():
         print(f"{CONTROL} is absent", file=sys.stderr)
         return 2
+    import numpy as np
     import orjson
 
     from diag import store
-    from diag.collectives import calls_of, clock_offsets, match, wait_intervals
+    from diag.collectives import clock_offsets, match, wait_intervals
+    from diag.digest import digest_rank
     from diag.ingest.pipeline import IngestOptions, ingest
-    from diag.states import rank_states
+    from diag.states import with_waits
     from diag.timeline import load_rank, rank_files
 
     tmp = Path(tempfile.mkdtemp())
@@ -51,28 +54,28 @@ def main() -> int:
     ingest_s = time.perf_counter() - t
     assert len(res.ingested) == args.ranks, res.errors
 
-    def build() -> tuple[float, float, float]:
+    def build() -> tuple[float, float]:
         t0 = time.perf_counter()
-        tls = [load_rank(con, f) for f in rank_files(con)]
+        # The map step: each rank's timeline, GPU-state sweep and collective calls.
+        digests = [digest_rank(con, load_rank(con, f))[0] for f in rank_files(con)]
         t1 = time.perf_counter()
-        calls = [c for tl in tls for c in calls_of(con, tl)]
-        matched = match(calls)
-        clock_offsets(matched, [tl.rank for tl in tls])
-        t2 = time.perf_counter()
-        for tl in tls:
-            rank_states(tl, wait_intervals(matched, tl.rank, tl.capture_window))
-        t3 = time.perf_counter()
-        return t1 - t0, t2 - t1, t3 - t2
+        # The reduce: calls matched across ranks, clocks, each rank's waits for the last arrival.
+        matched = match(c for d in digests for c in d.calls)
+        clock_offsets(matched, [d.rank for d in digests])
+        waits = wait_intervals(matched)
+        none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        for d in digests:
+            with_waits(d.states, d.steps.start_ns, d.steps.end_ns, d.waitable, waits.get((d.rank, d.capture_window), none))
+        return t1 - t0, time.perf_counter() - t1
 
     runs = [build() for _ in range(args.repeat)]
-    per_rank, cross, sweep = (statistics.median(r[i] for r in runs) for i in range(3))
-    total = per_rank + cross + sweep
+    per_rank, cross = (statistics.median(r[i] for r in runs) for i in range(2))
+    total = per_rank + cross
     print(json.dumps({"ranks": args.ranks}))
     print(f"{'stage':<34}{'seconds':>9}")
     print(f"{'ingest (' + str(args.ranks) + ' × 34.8 MB)':<34}{ingest_s:>9.2f}")
-    print(f"{'per-rank timelines':<34}{per_rank:>9.2f}")
-    print(f"{'collectives, matching, clocks':<34}{cross:>9.2f}")
-    print(f"{'GPU-state sweep':<34}{sweep:>9.2f}")
+    print(f"{'per-rank timelines and sweeps':<34}{per_rank:>9.2f}")
+    print(f"{'matching, clocks, waits':<34}{cross:>9.2f}")
     print(f"{'timelines total':<34}{total:>9.2f}   ({total / ingest_s:.2f} × ingest; bar: < 1 s)")
     return 0
 

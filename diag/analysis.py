@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from diag.collectives import ClockOffset, Matched
+from diag.digest import RankDigest
 from diag.ledger import StepLedger
 from diag.states import StepStates
 from diag.timeline import RankTimeline
@@ -31,17 +31,23 @@ class Peak:
 
 
 @dataclass(frozen=True)
-class StepContext:
+class RankContext:
+    """What a rule sees of one rank in the map step, before its timeline is dropped."""
+
     tl: RankTimeline
-    index: int                    # into tl.steps
+    hbm_gbps: float | None        # the part's (--gpu, or this rank's device properties), None if unknown
+
+
+@dataclass(frozen=True)
+class StepContext:
+    rank: RankDigest
+    index: int                    # into rank.steps
     states: StepStates
     peak: Peak
 
-    @property
-    def activities(self) -> Sequence[int]:
-        import numpy as np
-
-        return list(np.nonzero(self.tl.step_of == self.index)[0])
+    def digest(self, code: str) -> Any:
+        """The per-rank digest the rule `code` made of this rank in the map step."""
+        return self.rank.rules.get(code)
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ class Finding:
 
 @dataclass
 class RunContext:
-    timelines: list[RankTimeline]
+    ranks: list[RankDigest]                      # one per trace file (rank and capture window)
     ledgers: list[StepLedger]
     states: dict[tuple[int, int], StepStates]     # (file_id, step index) → states
     matched: list[Matched]

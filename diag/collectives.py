@@ -224,9 +224,11 @@ def collective_rows(matched: list[Matched], offsets: dict[int, ClockOffset]) -> 
     return rows
 
 
-def wait_intervals(matched: list[Matched], rank: int, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """[start, start + wait) of each call of one rank's window: the time spent waiting for the last rank."""
-    s = [m.call.ts_ns for m in matched if m.call.rank == rank and m.call.window == window and m.wait_ns > 0]
-    w = [m.wait_ns for m in matched if m.call.rank == rank and m.call.window == window and m.wait_ns > 0]
-    start = np.asarray(s, np.int64)
-    return start, start + np.asarray(w, np.int64)
+def wait_intervals(matched: list[Matched]) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """Per (rank, capture window): [start, start + wait) of each call, the time spent waiting for the last rank."""
+    by_window: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for m in matched:
+        if m.wait_ns > 0:
+            by_window[(m.call.rank, m.call.window)].append((m.call.ts_ns, m.call.ts_ns + m.wait_ns))
+    return {k: (np.asarray([s for s, _ in v], np.int64), np.asarray([e for _, e in v], np.int64))
+            for k, v in by_window.items()}

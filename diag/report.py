@@ -33,7 +33,7 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "world_size": run.world_size,
         "ranks": sorted(by_rank),
         "steps": len(by_step),
-        "timeline": "host" if any(tl.host_timeline for tl in run.timelines) else "gpu",
+        "timeline": "host" if any(r.host_timeline for r in run.ranks) else "gpu",
         "device": {"name": run.peak.part_name, "part": run.peak.part_key, "peak_tflops": run.peak.tflops,
                    "dtype": run.peak.dtype, "peak_source": run.peak.source},
         "step_time_s": statistics.median(windows) if windows else None,

@@ -5,7 +5,7 @@ docs/ledger.md is the specification; each measure below names the bucket it feed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -48,7 +48,20 @@ class StateRuns:
     state: npt.NDArray[np.int8]
 
 
-def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStates], StateRuns]:
+@dataclass(frozen=True)
+class Waitable:
+    """The time a wait for a late rank can fall in: communication only, not point-to-point only
+    (those are the bubble), as disjoint runs inside step windows. The waits come from matching
+    across ranks (the reduce), so the map step keeps this, not the timeline."""
+
+    step: I64          # index into the rank's steps
+    start_ns: I64
+    end_ns: I64
+
+
+def rank_states(tl: RankTimeline) -> tuple[list[StepStates], StateRuns, Waitable]:
+    """The step states of one rank with `wait_ns` 0 (filled by `with_waits` once the ranks are
+    matched), the state runs for the lanes, and the time the waits are measured on."""
     src = np.array(tl.source, dtype=object)
     kcl = np.array(tl.kclass, dtype=object)
     coll = np.array([c or "" for c in tl.collective], dtype=object)
@@ -69,7 +82,6 @@ def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStat
             "matmul": pick(is_kernel & np.isin(kcl, ["gemm", "attention"])),
             "p2p": pick(is_p2p),
             "coll": pick(is_comm & ~is_p2p),
-            "wait": waits,
             "dataloader": tl.dataloader_spans,
             "recompute": pick(is_kernel & ~is_comm & (np.array(tl.phase, dtype=object) == "recompute")),
         },
@@ -82,7 +94,6 @@ def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStat
     copy = ~compute & ~comm & (a["copy"] > 0)
     idle = ~compute & ~comm & ~copy
     p2p_only = comm & (a["coll"] == 0) & (a["p2p"] > 0)
-    waiting = comm & ~p2p_only & (a["wait"] > 0)
     dataloader = idle & (a["dataloader"] > 0)
     host = np.where(idle & ~dataloader, _host_bound(seg, tl), 0)
     win = window_index(seg, wstart, wend)
@@ -95,7 +106,7 @@ def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStat
     sums = {
         "compute": per_window(compute), "comm": per_window(comm), "copy": per_window(copy),
         "idle": per_window(idle), "matmul": per_window(compute & (a["matmul"] > 0)),
-        "p2p": per_window(p2p_only), "wait": per_window(waiting), "dl": per_window(dataloader),
+        "p2p": per_window(p2p_only), "dl": per_window(dataloader),
         "host": per_window(None, host), "recompute": per_window(compute & (a["recompute"] > 0)),
     }
     flops = _step_flops(tl)
@@ -105,12 +116,28 @@ def rank_states(tl: RankTimeline, waits: tuple[I64, I64]) -> tuple[list[StepStat
             step=step, window_ns=int(wend[i] - wstart[i]), compute_ns=int(sums["compute"][i]),
             comm_ns=int(sums["comm"][i]), copy_ns=int(sums["copy"][i]), idle_ns=int(sums["idle"][i]),
             matmul_ns=int(sums["matmul"][i]), non_matmul_ns=int(sums["compute"][i] - sums["matmul"][i]),
-            p2p_only_ns=int(sums["p2p"][i]), wait_ns=int(sums["wait"][i]), dataloader_ns=int(sums["dl"][i]),
+            p2p_only_ns=int(sums["p2p"][i]), wait_ns=0, dataloader_ns=int(sums["dl"][i]),
             host_bound_ns=int(sums["host"][i]), recompute_ns=int(sums["recompute"][i]), model_flops=0.0, exec_flops=flops["exec"][i],
             recompute_flops=flops["recompute"][i], fwd_flops=flops["forward"][i],
         ))
     state_idx = np.select([compute, comm, copy], [0, 1, 2], default=3).astype(np.int8)
-    return out, _runs(seg, win, state_idx)
+    waitable = _runs(seg, win, (comm & ~p2p_only).astype(np.int8))
+    keep = waitable.state == 1
+    return out, _runs(seg, win, state_idx), Waitable(waitable.step[keep], waitable.start_ns[keep], waitable.end_ns[keep])
+
+
+def with_waits(states: list[StepStates], steps_start_ns: I64, steps_end_ns: I64, waitable: Waitable,
+               waits: tuple[I64, I64]) -> list[StepStates]:
+    """Each step's `wait_ns`: waiting for the last rank (`waits`, from the matched collectives)
+    while the GPU does nothing but collectives, the measure the straggler bucket claims."""
+    if not len(waits[0]) or not len(waitable.start_ns):
+        return states
+    seg = sweep({"wait": waits, "able": (waitable.start_ns, waitable.end_ns)},
+                cuts=np.concatenate([steps_start_ns, steps_end_ns]))
+    win = window_index(seg, steps_start_ns, steps_end_ns)
+    both = (win >= 0) & (seg.active["wait"] > 0) & (seg.active["able"] > 0)
+    per_step = np.bincount(win[both], weights=(seg.end_ns - seg.start_ns)[both], minlength=len(states))
+    return [replace(st, wait_ns=int(per_step[i])) for i, st in enumerate(states)]
 
 
 def _host_bound(seg: Segments, tl: RankTimeline) -> I64:

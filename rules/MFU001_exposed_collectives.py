@@ -78,7 +78,7 @@ class ExposedCollectives(Rule[Params]):
     def _groups(self, run: RunContext) -> list[_Group]:
         acc: dict[tuple[str, str, int], _Group] = {}
         nvlink = run.peak.nvlink_gbps or LINKS["nvlink4"].gbps
-        per_node = {tl.rank: tl.gpus_per_node for tl in run.timelines}
+        per_node = {r.rank: r.gpus_per_node for r in run.ranks}
         for mt in run.matched:
             c = mt.call
             if c.collective == "sendrecv":

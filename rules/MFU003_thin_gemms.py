@@ -6,7 +6,10 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from diag.analysis import Finding, RunContext, StepContext, severity
+import numpy as np
+import numpy.typing as npt
+
+from diag.analysis import Finding, RankContext, RunContext, StepContext, severity
 from diag.ledger import StepLedger
 from rules.base import Rule
 
@@ -18,6 +21,19 @@ class Params:
     min_dim: int = 128
     min_fraction: float = 0.01
     top_shapes: int = 10
+
+
+@dataclass(frozen=True)
+class ThinGemmDigest:
+    """One rank's thin GEMMs (one entry each) and the rate of its other GEMMs."""
+
+    file_id: int
+    act: npt.NDArray[np.int64]          # activity index in the rank's timeline (evidence)
+    step: npt.NDArray[np.int64]         # step index, -1 outside every step
+    dur_s: npt.NDArray[np.float64]
+    flops: npt.NDArray[np.float64]
+    mnk: list[tuple[int, int, int]]
+    healthy_tflops: npt.NDArray[np.float64]   # achieved TFLOP/s of each well-shaped GEMM
 
 
 def is_thin(mnk: tuple[int, int, int] | None, min_dim: int) -> bool:
@@ -46,15 +62,32 @@ class ThinGemms(Rule[Params]):
     claim_order = 30
     Params = Params
 
+    def digest(self, ctx: RankContext) -> ThinGemmDigest:
+        tl = ctx.tl
+        thin: list[int] = []
+        shapes: list[tuple[int, int, int]] = []
+        healthy: list[float] = []
+        for i, mnk in enumerate(tl.gemm_mnk):
+            if tl.kclass[i] != "gemm" or mnk is None or tl.flops[i] <= 0:
+                continue
+            if is_thin(mnk, self.params.min_dim):
+                thin.append(i)
+                shapes.append(mnk)
+            elif tl.end_ns[i] > tl.ts_ns[i]:
+                healthy.append(tl.flops[i] / ((tl.end_ns[i] - tl.ts_ns[i]) * 1e-9) / 1e12)
+        idx = np.asarray(thin, np.int64)
+        return ThinGemmDigest(
+            tl.file_id, idx, tl.step_of[idx], ((tl.end_ns[idx] - tl.ts_ns[idx]) * 1e-9).astype(np.float64),
+            tl.flops[idx], shapes, np.asarray(healthy, np.float64),
+        )
+
     def claim(self, ctx: StepContext, ledger: StepLedger) -> None:
         peak = ctx.peak.flops_per_s
-        if peak is None:
+        d: ThinGemmDigest | None = ctx.digest(self.code)
+        if peak is None or d is None:
             return
-        tl = ctx.tl
-        loss = 0.0
-        for i in ctx.activities:
-            if tl.kclass[i] == "gemm" and is_thin(tl.gemm_mnk[i], self.params.min_dim) and tl.flops[i] > 0:
-                loss += max((tl.end_ns[i] - tl.ts_ns[i]) * 1e-9 - tl.flops[i] / peak, 0.0)
+        here = d.step == ctx.index
+        loss = float(np.maximum(d.dur_s[here] - d.flops[here] / peak, 0.0).sum())
         ledger.claim("thin_gemm", loss, ("matmul",))
 
     def findings(self, run: RunContext) -> list[Finding]:
@@ -62,20 +95,15 @@ class ThinGemms(Rule[Params]):
         if frac < self.params.min_fraction:
             return []
         shapes: dict[tuple[int, int, int], list[tuple[float, float]]] = defaultdict(list)
-        healthy: list[float] = []
         evidence: dict[tuple[int, int, int], list[str]] = defaultdict(list)
-        for tl in run.timelines:
-            for i, mnk in enumerate(tl.gemm_mnk):
-                dur = (tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
-                if tl.kclass[i] != "gemm" or mnk is None or tl.flops[i] <= 0 or dur <= 0:
-                    continue
-                rate = tl.flops[i] / dur / 1e12
-                if is_thin(mnk, self.params.min_dim):
-                    shapes[mnk].append((rate, dur))
-                    evidence[mnk].append(f"act:{tl.file_id}:{i}")
-                else:
-                    healthy.append(rate)
-        possible = statistics.median(healthy) if healthy else run.peak.tflops
+        digests: list[ThinGemmDigest] = [r.rules[self.code] for r in run.ranks if self.code in r.rules]
+        for d in digests:
+            for j, mnk in enumerate(d.mnk):
+                if d.dur_s[j] > 0:
+                    shapes[mnk].append((float(d.flops[j] / d.dur_s[j] / 1e12), float(d.dur_s[j])))
+                    evidence[mnk].append(f"act:{d.file_id}:{d.act[j]}")
+        healthy = np.concatenate([d.healthy_tflops for d in digests]) if digests else np.zeros(0)
+        possible = float(np.median(healthy)) if len(healthy) else run.peak.tflops
         worst = sorted(shapes, key=lambda s: -sum(d for _, d in shapes[s]))[: self.params.top_shapes]
         rows = [{
             "m": s[0], "n": s[1], "k": s[2], "count": len(shapes[s]), "time_ms": sum(d for _, d in shapes[s]) * 1e3,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag.analysis import Finding, RunContext, StepContext, severity
+from diag.analysis import Finding, RankContext, RunContext, StepContext, severity
 from diag.ledger import StepLedger
 from rules.base import Rule
+
+# Recomputed kernels a finding points at (the first ones, in rank order).
+EVIDENCE = 20
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class Recompute(Rule[Params]):
     claim_order = 5
     Params = Params
 
+    def digest(self, ctx: RankContext) -> list[str]:
+        tl = ctx.tl
+        return [f"act:{tl.file_id}:{i}" for i, p in enumerate(tl.phase) if p == "recompute" and tl.flops[i] > 0][:EVIDENCE]
+
     def claim(self, ctx: StepContext, ledger: StepLedger) -> None:
         peak = ctx.peak.flops_per_s
         if peak is not None and ctx.states.model_flops is not None:
@@ -69,8 +76,7 @@ class Recompute(Rule[Params]):
         if kind == "selective":
             advice = ("recomputation is already selective; checkpoint fewer layers or free memory by "
                       "sharding (FSDP/ZeRO) or activation offload")
-        evidence = [f"act:{tl.file_id}:{i}" for tl in run.timelines for i, p in enumerate(tl.phase)
-                    if p == "recompute" and tl.flops[i] > 0][:20]
+        evidence = [e for r in run.ranks for e in r.rules.get(self.code) or ()][:EVIDENCE]
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("recompute"), ranks, steps,
             evidence, advice, summary, run.what_if(frac),

@@ -49,7 +49,7 @@ class SparsePeak(Rule[Params]):
                    f"{dense:g}: MFU is {_pct(run.mfu)} against the dense peak, {_pct(wrong)} against {user:g}")
         points = (run.mfu - wrong) if run.mfu is not None and wrong is not None else 0.0
         return [Finding(
-            self.code, self.slug, "high", 0.0, 0.0, sorted({tl.rank for tl in run.timelines}), [], [],
+            self.code, self.slug, "high", 0.0, 0.0, sorted({r.rank for r in run.ranks}), [], [],
             f"use the dense peak ({dense:g} TFLOP/s for {part.name} {dtype}); sparsity does not apply to training GEMMs",
             summary, run.mfu,
             {"given_peak_tflops": user, "dense_peak_tflops": dense, "part": part.key, "dtype": dtype,

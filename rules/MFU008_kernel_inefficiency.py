@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from diag.analysis import Finding, RunContext, severity
+from diag.analysis import Finding, RankContext, RunContext, severity
 from rules.base import Rule
 
 
@@ -16,6 +16,17 @@ class Params:
     min_bw_fraction: float = 0.25
     min_fraction: float = 0.01
     top_kernels: int = 10
+
+
+# Kernels of one name a finding points at.
+EVIDENCE = 3
+
+
+@dataclass
+class SlowKernelDigest:
+    lost_by_step: dict[tuple[int, int], float] = field(default_factory=lambda: defaultdict(float))  # (file, step index) → s
+    by_name: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0.0, 0.0]))  # count, s, lost s
+    evidence: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
 
 class KernelInefficiency(Rule[Params]):
@@ -40,6 +51,29 @@ class KernelInefficiency(Rule[Params]):
     claim_order = 100
     Params = Params
 
+    def digest(self, ctx: RankContext) -> SlowKernelDigest | None:
+        """This rank's kernels under the roofline, by name, and the time they lose by step."""
+        hbm = ctx.hbm_gbps
+        if not hbm:
+            return None
+        tl = ctx.tl
+        d = SlowKernelDigest()
+        for i, nbytes in enumerate(tl.bytes_moved):
+            if tl.kclass[i] != "other" or not nbytes or tl.step_of[i] < 0:
+                continue
+            dur = (tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
+            ideal = nbytes / (hbm * 1e9)
+            if dur <= 0 or ideal / dur >= self.params.min_bw_fraction:
+                continue
+            d.lost_by_step[(tl.file_id, int(tl.step_of[i]))] += dur - ideal
+            row = d.by_name[tl.name[i]]
+            row[0] += 1
+            row[1] += dur
+            row[2] += dur - ideal
+            if len(d.evidence[tl.name[i]]) < EVIDENCE:
+                d.evidence[tl.name[i]].append(f"act:{tl.file_id}:{i}")
+        return d
+
     def findings(self, run: RunContext) -> list[Finding]:
         hbm = run.peak.hbm_gbps
         if not hbm:
@@ -47,20 +81,16 @@ class KernelInefficiency(Rule[Params]):
         lost_by_step: dict[tuple[int, int], float] = defaultdict(float)
         by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
         evidence: dict[str, list[str]] = defaultdict(list)
-        for tl in run.timelines:
-            for i, nbytes in enumerate(tl.bytes_moved):
-                if tl.kclass[i] != "other" or not nbytes or tl.step_of[i] < 0:
-                    continue
-                dur = (tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
-                ideal = nbytes / (hbm * 1e9)
-                if dur <= 0 or ideal / dur >= self.params.min_bw_fraction:
-                    continue
-                lost_by_step[(tl.file_id, int(tl.step_of[i]))] += dur - ideal
-                row = by_name[tl.name[i]]
-                row[0] += 1
-                row[1] += dur
-                row[2] += dur - ideal
-                evidence[tl.name[i]].append(f"act:{tl.file_id}:{i}")
+        for r in run.ranks:
+            d: SlowKernelDigest | None = r.rules.get(self.code)
+            if d is None:
+                continue
+            lost_by_step.update(d.lost_by_step)
+            for name, row in d.by_name.items():
+                total = by_name[name]
+                for j in range(3):
+                    total[j] += row[j]
+                evidence[name] += d.evidence[name]
         windows = {(k[0], k[1]): s.window_ns * 1e-9 for k, s in run.states.items()}
         n = len(run.ledgers) or 1
         frac = sum(lost / windows[k] for k, lost in lost_by_step.items() if windows.get(k)) / n
@@ -70,14 +100,14 @@ class KernelInefficiency(Rule[Params]):
         rows = [{"kernel": k, "count": int(by_name[k][0]), "time_ms": by_name[k][1] * 1e3, "lost_ms": by_name[k][2] * 1e3}
                 for k in worst]
         files = {fid for fid, _ in lost_by_step}
-        ranks = sorted({tl.rank for tl in run.timelines if tl.file_id in files})
+        ranks = sorted({r.rank for r in run.ranks if r.file_id in files})
         summary = (f"non-matmul kernels below {self.params.min_bw_fraction:.0%} of HBM bandwidth waste {frac:.1%} "
                    f"of the step; worst: {worst[0][:80]}")
         advice = ("fuse memory-bound kernels: torch.compile, fused RMSNorm/LayerNorm, fused or foreach AdamW, "
                   "Transformer Engine/Apex kernels; avoid many tiny launches")
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, frac * _mean_window(run), ranks, [],
-            [e for k in worst for e in evidence[k][:3]], advice, summary, run.what_if(frac),
+            [e for k in worst for e in evidence[k][:EVIDENCE]], advice, summary, run.what_if(frac),
             {"kernels": rows, "hbm_gbps": hbm},
         )]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Generic, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from diag.analysis import Finding, RunContext, StepContext
+from diag.analysis import Finding, RankContext, RunContext, StepContext
 from diag.ledger import StepLedger
 
 
@@ -26,6 +26,11 @@ class Rule(Generic[P]):
 
     def __init__(self, params: P | None = None) -> None:
         self.params: P = params if params is not None else cast(P, self.Params())
+
+    def digest(self, ctx: RankContext) -> Any:
+        """What claim() and findings() need from one rank's timeline, kept small: the map step
+        drops the timeline after this (default: nothing). Found again as StepContext.digest."""
+        return None
 
     def claim(self, ctx: StepContext, ledger: StepLedger) -> None:
         """Claim this rule's part of one rank-step (default: nothing)."""

@@ -99,7 +99,7 @@ def test_mfu_and_hfu_match_truth(run: Run) -> None:
 
 
 def test_step_windows_and_state_sweep(run: Run) -> None:
-    by_rank = {tl.rank: tl for tl in run.analysis.run.timelines}
+    by_rank = {r.rank: r for r in run.analysis.run.ranks}
     states = run.analysis.run.states
     for rank, s in truth_steps(run):
         tl = by_rank[rank]
@@ -110,7 +110,7 @@ def test_step_windows_and_state_sweep(run: Run) -> None:
 
 
 def test_flops(run: Run) -> None:
-    by_rank = {tl.rank: tl for tl in run.analysis.run.timelines}
+    by_rank = {r.rank: r for r in run.analysis.run.ranks}
     for rank, s in truth_steps(run):
         tl = by_rank[rank]
         st = run.analysis.run.states[(tl.file_id, tl.steps.step.index(s["profiler_step"]))]

@@ -1,10 +1,13 @@
 """Scale: the map step on local processes and on Ray gives the same report, field by field; map
 calls keep their order; parsing works in bounded batches; the store's memory is capped and it
-spills to a private directory. (The throughput and memory numbers are bench/scale.py's.)"""
+spills to a private directory; analysis keeps digests, not timelines, and an analysis that
+re-maps only new files equals a full one. (The throughput and memory numbers are bench/scale.py's.)"""
 
 from __future__ import annotations
 
+import gc
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from diag.executor import make_executor
 from diag.ingest.kineto import EVENT_TABLES, read_kineto
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.report import build_report
+from diag.timeline import RankTimeline
 from fixtures.generate import generate
 
 WORKERS = 2
@@ -117,3 +121,39 @@ def test_cli_workers_spill_where_told_and_clean_up(run_dir: Path, tmp_path: Path
     assert res.returncode == 0, res.stderr
     assert len(res.stdout.splitlines()) == 8
     assert spill.is_dir() and not any(spill.iterdir())
+
+
+def test_analysis_keeps_no_timeline_and_a_warm_cache_equals_a_full_run(run_dir: Path, tmp_path: Path) -> None:
+    """Live mode's path: half the ranks analyzed, then the rest ingested and analyzed with the
+    digests of the first half kept. Report and tables equal a cold analysis of all of them, and
+    no rank's timeline outlives the map step (memory does not grow with the ranks)."""
+    opts = AnalyzeOptions(model=str(run_dir / "model.toml"))
+    files = sorted(run_dir.glob("rank-*.json"))
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir()
+    later.mkdir()
+    for f in files[:4]:
+        shutil.copy(f, first)
+    for f in files[4:]:
+        shutil.copy(f, later)
+
+    def tables(con: Any) -> dict[str, Any]:
+        return {t: con.execute(f"SELECT count(*), count(DISTINCT file_id) FROM {t}").fetchall()
+                for t in ("steps", "activities", "gpu_segments", "gpu_states", "collectives")}
+
+    warm = store.connect(None)
+    cache: dict[int, Any] = {}
+    ingest([str(first)], warm, IngestOptions())
+    analyze(warm, opts, cache)
+    assert len(cache) == 4
+    ingest([str(later)], warm, IngestOptions())
+    warm_report = build_report(analyze(warm, opts, cache))
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, RankTimeline)]
+
+    cold = store.connect(None)
+    ingest([str(run_dir)], cold, IngestOptions())
+    cold_report = build_report(analyze(cold, opts))
+    assert cold_report["findings"]
+    assert list(differences(cold_report, warm_report)) == []
+    assert tables(warm) == tables(cold)

@@ -1,0 +1,77 @@
+"""Writes the analysis tables: a file's rows in the map step (sql/rank_tables.sql), the run's
+after the reduce (sql/analysis.sql). The TUI and the gate read them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from diag import store
+from diag.analysis import RunContext
+from diag.collectives import collective_rows
+from diag.states import STATES, StateRuns
+from diag.timeline import RankTimeline
+
+
+def reset_rank_tables(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(store.sql_text("rank_tables.sql"))
+
+
+def write_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline, runs: StateRuns) -> None:
+    """One file's steps, activities and state runs."""
+    s = tl.steps
+    store.insert_rows(
+        con, "steps",
+        [(tl.file_id, tl.rank, tl.capture_window, s.step[i], s.cpu_start_ns[i], s.cpu_end_ns[i],
+          int(s.start_ns[i]), int(s.end_ns[i]), s.n_kernels[i], s.from_profiler_step) for i in range(len(s.step))],
+    )
+    mnk = tl.gemm_mnk
+    _insert(con, "activities", {
+        "file_id": [tl.file_id] * len(tl), "idx": list(range(len(tl))), "rank": [tl.rank] * len(tl),
+        "step": [s.step[i] if i >= 0 else None for i in tl.step_of.tolist()], "source": tl.source,
+        "name": tl.name, "kclass": tl.kclass, "collective": tl.collective, "stream": tl.stream,
+        "ts_ns": tl.ts_ns, "end_ns": tl.end_ns, "correlation": tl.correlation,
+        "launch_ts_ns": tl.launch_ts_ns, "launch_end_ns": tl.launch_end_ns, "op_name": tl.op_name,
+        "phase": tl.phase, "flops": tl.flops, "gemm_m": [m[0] if m else None for m in mnk],
+        "gemm_n": [m[1] if m else None for m in mnk], "gemm_k": [m[2] if m else None for m in mnk],
+        "dtype": tl.dtype, "bytes_moved": tl.bytes_moved, "trace_flops": tl.trace_flops,
+    })
+    if len(runs.start_ns):
+        n = len(runs.start_ns)
+        _insert(con, "gpu_segments", {
+            "file_id": [tl.file_id] * n, "rank": [tl.rank] * n, "step": [s.step[int(i)] for i in runs.step],
+            "start_ns": runs.start_ns, "end_ns": runs.end_ns, "state": [STATES[int(x)] for x in runs.state],
+        })
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, Any]) -> None:
+    con.register("_columns", pa.table(columns))
+    try:
+        con.execute(f"INSERT INTO {table} SELECT * FROM _columns")
+    finally:
+        con.unregister("_columns")
+
+
+def write_run(con: duckdb.DuckDBPyConnection, run: RunContext) -> None:
+    """The collectives, clock offsets, per-step states and the ledger."""
+    con.execute(store.sql_text("analysis.sql"))
+    store.insert_rows(con, "collectives", collective_rows(run.matched, run.offsets))
+    store.insert_rows(
+        con, "clock_offsets",
+        [(o.rank, o.offset_ns, o.n_matches, o.spread_ns) for o in run.offsets.values()],
+    )
+    step_no = {(r.file_id, i): r.steps.step[i] for r in run.ranks for i in range(len(r.steps.step))}
+    rank_of = {r.file_id: r.rank for r in run.ranks}
+    store.insert_rows(
+        con, "gpu_states",
+        [(fid, rank_of[fid], step_no[(fid, i)], st.window_ns, st.compute_ns, st.comm_ns, st.copy_ns, st.idle_ns,
+          st.matmul_ns, st.non_matmul_ns, st.p2p_only_ns, st.wait_ns, st.dataloader_ns, st.host_bound_ns,
+          st.recompute_ns, st.model_flops, st.exec_flops, st.recompute_flops, st.fwd_flops)
+         for (fid, i), st in run.states.items()],
+    )
+    store.insert_rows(
+        con, "ledger",
+        [(lg.rank, lg.step, b, s, lg.fractions()[b]) for lg in run.ledgers for b, s in lg.buckets.items()],
+    )
