@@ -21,6 +21,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from diag.nesting import parents
+
+I64 = npt.NDArray[np.int64]
+
 FORWARD_ONLY_OPS = frozenset({
     "aten::linear", "aten::addmm", "aten::baddbmm",
     "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
@@ -47,33 +55,36 @@ def is_step_span(name: str) -> bool:
     return name.startswith("ProfilerStep#")
 
 
-def assign_phases(
-    tid: Sequence[int], ts: Sequence[int], end: Sequence[int], name: Sequence[str],
-    fwd_tid: Sequence[int | None],
-) -> list[str]:
-    """Phase of each op. Inputs are parallel sequences, sorted by (tid, ts, -end)."""
-    n = len(ts)
-    phase = ["other"] * n
-    stack: list[int] = []
-    cur_tid: int | None = None
-    memo: dict[tuple[str, str | None, bool], str] = {}   # a trace repeats a few hundred op names
-    for i in range(n):
-        if tid[i] != cur_tid:
-            stack.clear()
-            cur_tid = tid[i]
-        while stack and end[stack[-1]] <= ts[i] and not (end[stack[-1]] == ts[i] == end[i]):
-            stack.pop()
-        # A span that starts inside the parent but outlives it is not its child (broken nesting
-        # from clock jitter): pop until it fits.
-        while stack and end[stack[-1]] < end[i]:
-            stack.pop()
-        key = (name[i] or "", phase[stack[-1]] if stack else None, fwd_tid[i] is not None)
-        p = memo.get(key)
-        if p is None:
-            p = memo[key] = _phase_of(*key)
-        phase[i] = p
-        stack.append(i)
-    return phase
+def assign_phases(tid: I64, end: I64, name: Sequence[str | None], fwd_tid: Sequence[int | None]) -> list[str]:
+    """Phase of each op; ops sorted by (tid, ts, -end).
+
+    An op's phase is a function of its name, whether it has a `Fwd thread id`, and its parent's
+    phase (`_phase_of`). Each op's function is a row of 7 entries (parent phase: none or one of
+    PHASES → its phase); composing every op's row with its parent's by pointer jumping gives the
+    phase in log2(depth) numpy passes."""
+    n = len(name)
+    if n == 0:
+        return []
+    states = (None, *PHASES)
+    codes, names = name_codes(name)
+    has_fwd = pa.array(fwd_tid, pa.int64()).is_valid().to_numpy(zero_copy_only=False)
+    keys, key_of = np.unique(codes * 2 + has_fwd, return_inverse=True)
+    rows = np.array([[states.index(_phase_of(names[k // 2], parent, bool(k % 2))) for parent in states] for k in keys],
+                    np.int8)
+    fn = rows[key_of]
+    up = parents(tid, end)
+    while (up >= 0).any():
+        has = np.nonzero(up >= 0)[0]
+        fn[has] = np.take_along_axis(fn[has], fn[up[has]].astype(np.int64), axis=1)
+        up[has] = up[up[has]]
+    labels = np.array(["other", *PHASES], dtype=object)   # states[0], no parent, never comes out
+    return list(labels[fn[:, 0]])
+
+
+def name_codes(names: Sequence[str | None]) -> tuple[I64, list[str]]:
+    """Each name's index into the distinct names (None as ""): a trace repeats a few hundred."""
+    encoded = pa.array(names, pa.string()).fill_null("").dictionary_encode()
+    return encoded.indices.to_numpy().astype(np.int64), encoded.dictionary.to_pylist()
 
 
 def _phase_of(name: str, parent: str | None, has_fwd_tid: bool) -> str:

@@ -21,7 +21,8 @@ from diag import flops as flops_mod
 from diag import kernels
 from diag.ingest.kineto import device_props_for
 from diag.links import normalize_collective
-from diag.phases import assign_phases, is_dataloader_span
+from diag.nesting import containing
+from diag.phases import assign_phases, is_dataloader_span, name_codes
 
 I64 = npt.NDArray[np.int64]
 
@@ -89,7 +90,8 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     rank, window, world, props_text = meta
     acts = _activities(con, file_id)
     ops = _cpu_ops(con, file_id)
-    phases = assign_phases(ops["tid"], ops["ts"], ops["end"], ops["name"], ops["fwd_tid"])
+    op_tid, op_end = np.asarray(ops["tid"], np.int64), np.asarray(ops["end"], np.int64)
+    phases = assign_phases(op_tid, op_end, ops["name"], ops["fwd_tid"])
     by_ext = {e: i for i, e in enumerate(ops["external_id"]) if e is not None}
     host = not acts["ts"]
     if host:
@@ -111,7 +113,7 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     # The launching op: by External id where the trace links them; else the innermost CPU op on
     # the launching thread that contains the launch call (older traces give runtime calls an
     # External id of their own that names no op).
-    enclosing = innermost_ops(ops["tid"], ops["ts"], ops["end"], acts["launch_tid"], acts["launch_ts"])
+    enclosing = _enclosing_ops(op_tid, np.asarray(ops["ts"], np.int64), op_end, acts["launch_tid"], acts["launch_ts"])
     op_idx = [by_ext.get(e) if e is not None and e in by_ext else enc
               for e, enc in zip(acts["ext"], enclosing, strict=True)]
     op_name = [ops["name"][i] if i is not None else None for i in op_idx]
@@ -121,7 +123,8 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     flops, mnk, dtype, nbytes, tflops = _kernel_flops(acts, kclass, op_idx, ops)
     _memory_bytes(kclass, op_idx, ops, nbytes)
     steps, step_of = _steps(con, file_id, acts)
-    dl = [(s, e) for s, e, nm in zip(ops["ts"], ops["end"], ops["name"], strict=True) if is_dataloader_span(nm or "")]
+    codes, distinct = name_codes(ops["name"])
+    dl = np.isin(codes, [i for i, nm in enumerate(distinct) if is_dataloader_span(nm)])
     all_props = json.loads(props_text) if isinstance(props_text, str) else props_text
     props = device_props_for(all_props, acts["device"])
     return RankTimeline(
@@ -132,7 +135,7 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
         correlation=acts["correlation"], launch_ts_ns=acts["launch_ts"], launch_end_ns=acts["launch_end"],
         launch_tid=acts["launch_tid"], external_id=acts["ext"], op_name=op_name, op_external_id=op_ext, phase=phase,
         flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops, step_of=step_of,
-        dataloader_spans=(np.asarray([s for s, _ in dl], np.int64), np.asarray([e for _, e in dl], np.int64)),
+        dataloader_spans=(np.asarray(ops["ts"], np.int64)[dl], op_end[dl]),
         host_timeline=host and len(names) > 0,
     )
 
@@ -173,41 +176,15 @@ def _host_activities(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, 
     }
 
 
-def innermost_ops(
-    tid: list[int], ts: list[int], end: list[int], q_tid: list[int | None], q_ts: list[int | None]
-) -> list[int | None]:
-    """For each query (thread, time): the innermost op on that thread whose span contains it.
-
-    `tid/ts/end` are sorted by (tid, ts, -end) as `_cpu_ops` returns them.
-    """
-    order = sorted((i for i, t in enumerate(q_ts) if t is not None and q_tid[i] is not None),
-                   key=lambda i: (q_tid[i], q_ts[i]))
-    out: list[int | None] = [None] * len(q_ts)
-    stack: list[int] = []
-    j = 0
-    n = len(ts)
-    cur: int | None = None
-    for qi in order:
-        qt, qs = q_tid[qi], q_ts[qi]
-        assert qt is not None and qs is not None
-        if qt != cur:
-            cur, stack = qt, []
-            j = _first_of_tid(tid, qt)
-        while j < n and tid[j] == qt and ts[j] <= qs:
-            while stack and end[stack[-1]] <= ts[j]:
-                stack.pop()
-            stack.append(j)
-            j += 1
-        while stack and end[stack[-1]] < qs:
-            stack.pop()
-        out[qi] = stack[-1] if stack else None
-    return out
-
-
-def _first_of_tid(tid: list[int], t: int | None) -> int:
-    import bisect
-
-    return bisect.bisect_left(tid, t) if t is not None else len(tid)
+def _enclosing_ops(tid: I64, ts: I64, end: I64, q_tid: list[int | None], q_ts: list[int | None]) -> list[int | None]:
+    """For each launch (thread, time): the innermost CPU op on that thread containing it, or None."""
+    known = np.array([t is not None and q is not None for t, q in zip(q_tid, q_ts, strict=True)], bool)
+    found = np.full(len(q_ts), -1, np.int64)
+    if known.any():
+        pick = np.nonzero(known)[0]
+        found[pick] = containing(tid, ts, end, np.array([q_tid[i] for i in pick], np.int64),
+                                 np.array([q_ts[i] for i in pick], np.int64))
+    return [None if i < 0 else i for i in found.tolist()]
 
 
 def _activities(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any]]:
@@ -248,10 +225,10 @@ def _cpu_ops(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any
     return _columns(
         con,
         """
-        SELECT tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, fwd_tid, external_id,
+        SELECT coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, fwd_tid, external_id,
                input_dims::VARCHAR AS dims, input_types::VARCHAR AS types, trace_flops,
                CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete
-        FROM cpu_ops WHERE file_id = ? ORDER BY tid, ts_ns, dur_ns DESC
+        FROM cpu_ops WHERE file_id = ? ORDER BY coalesce(tid, -1), ts_ns, dur_ns DESC
         """,
         [file_id],
     )

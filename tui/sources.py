@@ -20,6 +20,7 @@ import duckdb
 
 from diag import store
 from diag.api import Opened, analyze_opened, open_store
+from diag.digest import RankDigest
 from diag.engine import AnalyzeOptions
 from diag.errors import BadInput
 from diag.ingest.discover import discover
@@ -126,6 +127,9 @@ class Live:
         self.settle_s = settle_s
         self.idle_s = idle_s
         self.store = Store(store.connect(db))
+        # Each file's map-step digest, kept between analyses: a new file costs its own timeline
+        # and the cross-rank step, not a re-analysis of every rank (bench/live.py).
+        self._digests: dict[int, RankDigest] = {}
         self.generation = 0
         self._snapshot = empty(directory)
         self._seen: dict[str, _Stat] = {}
@@ -148,7 +152,8 @@ class Live:
             changed = self._ingest(stuck, dataclasses.replace(self.ingest_opts, salvage=True), now) or changed
         if changed:
             self.generation += 1
-            a, report = analyze_opened(self.store.con, self.opts, _model_beside(Path(self.directory)), self._errors)
+            a, report = analyze_opened(self.store.con, self.opts, _model_beside(Path(self.directory)), self._errors,
+                                       self._digests)
             self._snapshot = analyzed(self.store.con, a, report, self.generation, self.directory)
         status = self._status(now)
         if changed or status != self._snapshot.live:

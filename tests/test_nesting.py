@@ -1,0 +1,73 @@
+"""The vectorized span nesting (diag/nesting.py) against the one-op-at-a-time stack it replaced,
+on random threads of spans with ties, zero-length spans and broken nesting. (The phases and
+launching ops it gives on real traces are test_timeline_real's.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diag.nesting import containing, nearest_at_least, parents
+
+
+def stack_parents(tid: list[int], ts: list[int], end: list[int]) -> list[int]:
+    out, stack, cur = [], [], None
+    for i in range(len(ts)):
+        if tid[i] != cur:
+            stack, cur = [], tid[i]
+        while stack and end[stack[-1]] <= ts[i] and not (end[stack[-1]] == ts[i] == end[i]):
+            stack.pop()
+        while stack and end[stack[-1]] < end[i]:
+            stack.pop()
+        out.append(stack[-1] if stack else -1)
+        stack.append(i)
+    return out
+
+
+def stack_containing(tid: list[int], ts: list[int], end: list[int], q_tid: list[int], q_ts: list[int]) -> list[int]:
+    out = []
+    for qt, qs in zip(q_tid, q_ts, strict=True):
+        stack: list[int] = []
+        for j in range(len(ts)):
+            if tid[j] != qt or ts[j] > qs:
+                continue
+            while stack and end[stack[-1]] <= ts[j]:
+                stack.pop()
+            stack.append(j)
+        while stack and end[stack[-1]] < qs:
+            stack.pop()
+        out.append(stack[-1] if stack else -1)
+    return out
+
+
+def random_spans(rng: np.random.Generator, n: int) -> tuple[list[int], list[int], list[int]]:
+    """Spans on 3 threads, coarse times (many ties), some zero-length, sorted by (tid, ts, -end)."""
+    tid = rng.integers(0, 3, n)
+    ts = rng.integers(0, 60, n)
+    dur = np.where(rng.random(n) < 0.15, 0, rng.integers(1, 40, n))
+    order = np.lexsort((-(ts + dur), ts, tid))
+    return tid[order].tolist(), ts[order].tolist(), (ts + dur)[order].tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_parents_and_containing_match_the_stack(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    tid, ts, end = random_spans(rng, n)
+    got = parents(np.array(tid), np.array(end)).tolist()
+    assert got == stack_parents(tid, ts, end)
+    q_tid = rng.integers(0, 4, 50).tolist()      # thread 3 has no spans
+    q_ts = rng.integers(-5, 110, 50).tolist()
+    got_q = containing(np.array(tid), np.array(ts), np.array(end), np.array(q_tid), np.array(q_ts)).tolist()
+    assert got_q == stack_containing(tid, ts, end, q_tid, q_ts)
+
+
+def test_nearest_at_least_across_blocks() -> None:
+    """Long ranges cross many 64-value blocks: the block table, then the scans, find the value."""
+    rng = np.random.default_rng(7)
+    values = rng.integers(0, 1000, 5000)
+    lo = rng.integers(0, 5000, 400)
+    hi = np.minimum(lo + rng.integers(0, 5000, 400), 5000)
+    thr = rng.integers(900, 1001, 400)
+    want = [max((j for j in range(a, b) if values[j] >= t), default=-1) for a, b, t in zip(lo, hi, thr, strict=True)]
+    assert nearest_at_least(values, lo, hi, thr).tolist() == want
