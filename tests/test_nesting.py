@@ -11,7 +11,9 @@ from diag.nesting import containing, nearest_at_least, parents
 
 
 def stack_parents(tid: list[int], ts: list[int], end: list[int]) -> list[int]:
-    out, stack, cur = [], [], None
+    out: list[int] = []
+    stack: list[int] = []
+    cur: int | None = None
     for i in range(len(ts)):
         if tid[i] != cur:
             stack, cur = [], tid[i]
