@@ -64,19 +64,16 @@ def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = Analyz
 
 def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None = None,
                    unreadable: int = 0, cache: dict[int, RankDigest] | None = None) -> tuple[Analysis, dict[str, Any]]:
-    """Rebuild the analysis tables and the report as one transaction (readers on other cursors see
-    the old tables or the new ones, never a mix); the connection stays open. `cache`: see
+    """Rebuild the analysis tables and the report (engine.analyze: readers on other cursors see
+    the old run tables or the new ones, never a mix); the connection stays open. `cache`: see
     engine.analyze (kept by the caller across analyses of this store with the same options)."""
     if opts.model is None and model_file:
         opts = replace(opts, model=model_file)
-    con.execute("BEGIN TRANSACTION")
     try:
         a = analyze(con, opts, cache)
-        con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
         if cache is not None:
-            cache.clear()   # its newest digests' rows were rolled back: the next analysis maps every file
+            cache.clear()   # whatever failed, the next analysis starts over: every file mapped again
         raise
     if unreadable:
         a.run.notes.append(f"{unreadable} file(s) could not be read and were left out")

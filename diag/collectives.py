@@ -33,7 +33,7 @@ _DTYPE_BYTES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Call:
     """One collective call on one rank."""
 
@@ -56,7 +56,7 @@ class Call:
     peer: int | None = None        # the other side's global rank, for point-to-point
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Matched:
     call: Call
     ordinal: int
@@ -78,6 +78,11 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
         """,
         [tl.file_id],
     ).fetchall()
+    # Every call keeps its args for the reduce: one str object per distinct text, not per call
+    # (a 128-rank group's rank list alone is ~470 characters, on every call of the group).
+    texts: dict[str, str] = {}
+    groups: dict[tuple[int, ...], str] = {}
+    args = [tuple(texts.setdefault(v, v) if isinstance(v, str) else v for v in a) for a in args]
     by_corr = {a[4]: a for a in args if a[0] == "kernel" and a[4] is not None}
     by_tid: dict[int, list[tuple]] = defaultdict(list)  # type: ignore[type-arg]
     for row in args:
@@ -100,12 +105,14 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
         coll = normalize_collective(a[5] or "") or kname
         raw = (a[5] or "").lower()
         direction = "send" if "send" in raw else "recv" if "recv" in raw else None
-        ranks = a[10]
+        ranks = None if a[10] is None else tuple(a[10])
+        if ranks is not None and ranks not in groups:
+            groups[ranks] = ",".join(map(str, ranks))
         size = _DTYPE_BYTES.get((a[13] or "").lower().removeprefix("c10::"))
         nelems = max(a[11] or 0, a[12] or 0)
         calls.append(Call(
             tl.rank, tl.file_id, tl.capture_window, i, step if step >= 0 else None, a[6] or "unknown", a[7],
-            coll, a[8], a[9], None if ranks is None else ",".join(map(str, ranks)),
+            coll, a[8], a[9], None if ranks is None else groups[ranks],
             nelems * size if size and nelems else None, a[13], int(tl.ts_ns[i]), int(tl.end_ns[i]),
             direction, a[14],
         ))
@@ -129,6 +136,7 @@ def match(calls: Iterable[Call]) -> list[Matched]:
     ordered = sorted(calls, key=lambda c: (c.rank, c.window, c.ts_ns))
     ordinal: dict[tuple[object, ...], int] = defaultdict(int)
     keyed: list[tuple[Call, int, str]] = []
+    instances: dict[str, str] = {}
     for c in ordered:
         if c.direction is not None and c.peer is not None:
             # Point-to-point Seq is each rank's own counter (ProcessGroupNCCL seqP2P_): the two
@@ -141,7 +149,7 @@ def match(calls: Iterable[Call]) -> list[Matched]:
             key = f"w{c.window}|{c.pg_name}|seq{c.seq}" if c.seq is not None else f"w{c.window}|{c.pg_name}|#{ordinal[k]}"
         o = ordinal[k]
         ordinal[k] += 1
-        keyed.append((c, o, key))
+        keyed.append((c, o, instances.setdefault(key, key)))   # one str per instance, shared by its calls
     # One pass per instance (not per member): cost linear in calls, whatever the group size.
     groups: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)   # (key, collective) → rank → dur
     for c, _, key in keyed:

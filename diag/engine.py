@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from diag import hardware, tables
+from diag import hardware, store, tables
 from diag import model as model_mod
 from diag.analysis import Finding, Peak, RankContext, RunContext, StepContext
 from diag.collectives import clock_offsets, match, wait_intervals
@@ -56,11 +56,17 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     rules = [r() for r in RULES]
     cache = {} if cache is None else cache
     if not cache:
-        tables.reset_rank_tables(con)
+        with store.transaction(con):
+            tables.reset_rank_tables(con)
+    # One transaction per file: DuckDB holds a transaction's new rows in memory, and the
+    # activities of 128 ranks × 128 MB in one would take ~5 GB (docs/scale.md).
     for f in files:
         if f not in cache:
-            cache[f] = _map_rank(con, f, rules, gpu)
-    return _reduce(con, [cache[f] for f in files], rules, spec, opts)
+            with store.transaction(con):
+                cache[f] = _map_rank(con, f, rules, gpu)
+    # The run's tables change at once: a reader (the TUI) sees the old ones or the new.
+    with store.transaction(con):
+        return _reduce(con, [cache[f] for f in files], rules, spec, opts)
 
 
 def _gpu_option(opts: AnalyzeOptions) -> hardware.Part | None:

@@ -3,6 +3,8 @@ after the reduce (sql/analysis.sql). The TUI and the gate read them."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import duckdb
@@ -13,6 +15,10 @@ from diag.analysis import RunContext
 from diag.collectives import collective_rows
 from diag.states import STATES, StateRuns
 from diag.timeline import RankTimeline
+
+# Run-level rows are built as Python tuples (~0.3–0.5 kB each) a batch at a time: 128 ranks ×
+# 128 MB make 1.35 M collective calls and 1.7 M ledger rows.
+ROWS_PER_INSERT = 100_000
 
 
 def reset_rank_tables(con: duckdb.DuckDBPyConnection) -> None:
@@ -57,21 +63,29 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, Any])
 def write_run(con: duckdb.DuckDBPyConnection, run: RunContext) -> None:
     """The collectives, clock offsets, per-step states and the ledger."""
     con.execute(store.sql_text("analysis.sql"))
-    store.insert_rows(con, "collectives", collective_rows(run.matched, run.offsets))
+    _insert_batches(con, "collectives", (row for i in range(0, len(run.matched), ROWS_PER_INSERT)
+                                         for row in collective_rows(run.matched[i:i + ROWS_PER_INSERT], run.offsets)))
     store.insert_rows(
         con, "clock_offsets",
         [(o.rank, o.offset_ns, o.n_matches, o.spread_ns) for o in run.offsets.values()],
     )
     step_no = {(r.file_id, i): r.steps.step[i] for r in run.ranks for i in range(len(r.steps.step))}
     rank_of = {r.file_id: r.rank for r in run.ranks}
-    store.insert_rows(
+    _insert_batches(
         con, "gpu_states",
-        [(fid, rank_of[fid], step_no[(fid, i)], st.window_ns, st.compute_ns, st.comm_ns, st.copy_ns, st.idle_ns,
+        ((fid, rank_of[fid], step_no[(fid, i)], st.window_ns, st.compute_ns, st.comm_ns, st.copy_ns, st.idle_ns,
           st.matmul_ns, st.non_matmul_ns, st.p2p_only_ns, st.wait_ns, st.dataloader_ns, st.host_bound_ns,
           st.recompute_ns, st.model_flops, st.exec_flops, st.recompute_flops, st.fwd_flops)
-         for (fid, i), st in run.states.items()],
+         for (fid, i), st in run.states.items()),
     )
-    store.insert_rows(
+    _insert_batches(
         con, "ledger",
-        [(lg.rank, lg.step, b, s, lg.fractions()[b]) for lg in run.ledgers for b, s in lg.buckets.items()],
+        ((lg.rank, lg.step, b, lg.buckets[b], f) for lg in run.ledgers for b, f in lg.fractions().items()),
     )
+
+
+def _insert_batches(con: duckdb.DuckDBPyConnection, table: str, rows: Iterable[tuple[Any, ...]]) -> None:
+    """Insert `rows` ROWS_PER_INSERT at a time: as Python tuples they take far more memory than in the store."""
+    it = iter(rows)
+    while batch := list(itertools.islice(it, ROWS_PER_INSERT)):
+        store.insert_rows(con, table, batch)

@@ -103,9 +103,9 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
         collective = [normalize_collective(nm.split(":", 1)[1]) if k == "comm" else None
                       for nm, k in zip(names, kclass, strict=True)]
     else:
-        classes = {nm: kernels.classify(nm or "") for nm in set(names)}
+        classes = {nm: str(kernels.classify(nm or "")) for nm in set(names)}
         kclass = [
-            str(classes[nm]) if src == "kernel" else ("memset" if src == "memset" else "copy")
+            classes[nm] if src == "kernel" else ("memset" if src == "memset" else "copy")
             for nm, src in zip(names, acts["source"], strict=True)
         ]
         collective = [kernels.collective_of(nm or "") if k == "comm" else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from diag.analysis import Finding, RankContext, RunContext, severity
 from rules.base import Rule
@@ -22,11 +22,11 @@ class Params:
 EVIDENCE = 3
 
 
-@dataclass
+@dataclass(frozen=True)
 class SlowKernelDigest:
-    lost_by_step: dict[tuple[int, int], float] = field(default_factory=lambda: defaultdict(float))  # (file, step index) → s
-    by_name: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0.0, 0.0]))  # count, s, lost s
-    evidence: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    lost_by_step: dict[tuple[int, int], float]   # (file, step index) → s
+    by_name: dict[str, list[float]]              # kernel name → count, s, lost s
+    evidence: dict[str, list[str]]
 
 
 class KernelInefficiency(Rule[Params]):
@@ -57,7 +57,9 @@ class KernelInefficiency(Rule[Params]):
         if not hbm:
             return None
         tl = ctx.tl
-        d = SlowKernelDigest()
+        lost_by_step: dict[tuple[int, int], float] = defaultdict(float)
+        by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        evidence: dict[str, list[str]] = defaultdict(list)
         for i, nbytes in enumerate(tl.bytes_moved):
             if tl.kclass[i] != "other" or not nbytes or tl.step_of[i] < 0:
                 continue
@@ -65,14 +67,15 @@ class KernelInefficiency(Rule[Params]):
             ideal = nbytes / (hbm * 1e9)
             if dur <= 0 or ideal / dur >= self.params.min_bw_fraction:
                 continue
-            d.lost_by_step[(tl.file_id, int(tl.step_of[i]))] += dur - ideal
-            row = d.by_name[tl.name[i]]
+            lost_by_step[(tl.file_id, int(tl.step_of[i]))] += dur - ideal
+            row = by_name[tl.name[i]]
             row[0] += 1
             row[1] += dur
             row[2] += dur - ideal
-            if len(d.evidence[tl.name[i]]) < EVIDENCE:
-                d.evidence[tl.name[i]].append(f"act:{tl.file_id}:{i}")
-        return d
+            if len(evidence[tl.name[i]]) < EVIDENCE:
+                evidence[tl.name[i]].append(f"act:{tl.file_id}:{i}")
+        # Plain dicts: a digest may cross processes (pickled), and defaultdicts of lambdas cannot.
+        return SlowKernelDigest(dict(lost_by_step), dict(by_name), dict(evidence))
 
     def findings(self, run: RunContext) -> list[Finding]:
         hbm = run.peak.hbm_gbps
