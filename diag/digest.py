@@ -69,9 +69,15 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
 def _gemm_dtype_flops(tl: RankTimeline) -> dict[str, float]:
     """FLOPs by the dtype they ran in: fp32 tensors on TF32 tensor-core kernels count as tf32."""
     weight: dict[str, float] = defaultdict(float)
+    tf32: dict[str, bool] = {}
     for i in np.nonzero(tl.flops > 0)[0]:
         d = tl.dtype[i]
+        if d == "fp32":
+            name = tl.name[i] or ""
+            if name not in tf32:
+                tf32[name] = bool(_TF32_KERNEL.search(name))
+            d = "tf32" if tf32[name] else d
         if d:
-            weight["tf32" if d == "fp32" and _TF32_KERNEL.search(tl.name[i] or "") else d] += float(tl.flops[i])
+            weight[d] += float(tl.flops[i])
     return dict(weight)
 

@@ -27,7 +27,7 @@ from diag.phases import assign_phases, is_dataloader_span, name_codes
 I64 = npt.NDArray[np.int64]
 
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
-_MATMUL_CLASSES = frozenset({kernels.KernelClass.GEMM, kernels.KernelClass.ATTENTION})
+_MATMUL_CLASSES = frozenset({str(kernels.KernelClass.GEMM), str(kernels.KernelClass.ATTENTION)})  # str: kclass holds str
 
 
 @dataclass
@@ -120,8 +120,9 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     op_ext = [ops["external_id"][i] if i is not None else None for i in op_idx]
     phase = [phases[i] if i is not None else "other" for i in op_idx]
 
-    flops, mnk, dtype, nbytes, tflops = _kernel_flops(acts, kclass, op_idx, ops)
-    _memory_bytes(kclass, op_idx, ops, nbytes)
+    matmul_groups, other_groups = _launch_groups(op_idx, kclass)
+    flops, mnk, dtype, nbytes, tflops = _kernel_flops(acts, matmul_groups, ops)
+    _memory_bytes(other_groups, ops, nbytes)
     steps, step_of = _steps(con, file_id, acts)
     codes, distinct = name_codes(ops["name"])
     dl = np.isin(codes, [i for i, nm in enumerate(distinct) if is_dataloader_span(nm)])
@@ -235,20 +236,17 @@ def _cpu_ops(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any
 
 
 def _kernel_flops(
-    acts: dict[str, list[Any]], kclass: list[str], op_idx: list[int | None], ops: dict[str, list[Any]]
+    acts: dict[str, list[Any]], members: dict[int, list[int]], ops: dict[str, list[Any]]
 ) -> tuple[npt.NDArray[np.float64], list[Any], list[str | None], list[float | None], list[float | None]]:
     """FLOPs per activity: the launching op's FLOPs from its shapes, split over its matmul kernels
     in proportion to their durations (split-K GEMMs launch more than one)."""
-    n = len(kclass)
+    n = len(acts["ts"])
     out = np.zeros(n, np.float64)
     mnk: list[Any] = [None] * n
     dtype: list[str | None] = [None] * n
     nbytes: list[float | None] = [None] * n
     tflops: list[float | None] = [None] * n
-    members: dict[int, list[int]] = {}
-    for i, (oi, k) in enumerate(zip(op_idx, kclass, strict=True)):
-        if oi is not None and k in _MATMUL_CLASSES:
-            members.setdefault(oi, []).append(i)
+    ts, end = acts["ts"], acts["end"]
     for oi, idx in members.items():
         name = ops["name"][oi] or ""
         if name.removesuffix("_") not in flops_mod.SUPPORTED_OPS or ops["dims"][oi] is None:
@@ -256,15 +254,29 @@ def _kernel_flops(
         f = _op_flops(name, ops["dims"][oi], ops["types"][oi], ops["concrete"][oi])
         if f is None:
             continue
-        durs = np.array([acts["end"][i] - acts["ts"][i] for i in idx], np.float64)
-        share = durs / durs.sum() if durs.sum() > 0 else np.full(len(idx), 1.0 / len(idx))
+        durs = [end[i] - ts[i] for i in idx]
+        total = sum(durs)
         for j, i in enumerate(idx):
-            out[i] = f.flops * share[j]
+            share = durs[j] / total if total > 0 else 1.0 / len(idx)
+            out[i] = f.flops * share
             mnk[i] = f.m_n_k
             dtype[i] = f.dtype
-            nbytes[i] = None if f.bytes_moved is None else f.bytes_moved * share[j]
+            nbytes[i] = None if f.bytes_moved is None else f.bytes_moved * share
             tflops[i] = ops["trace_flops"][oi]
     return out, mnk, dtype, nbytes, tflops
+
+
+def _launch_groups(op_idx: list[int | None], kclass: list[str]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """The matmul kernels, and the other compute kernels, that each op launched."""
+    matmul: dict[int, list[int]] = {}
+    other: dict[int, list[int]] = {}
+    for i, (oi, k) in enumerate(zip(op_idx, kclass, strict=True)):
+        if oi is not None:
+            if k in _MATMUL_CLASSES:
+                matmul.setdefault(oi, []).append(i)
+            elif k == "other":
+                other.setdefault(oi, []).append(i)
+    return matmul, other
 
 
 def _steps(con: duckdb.DuckDBPyConnection, file_id: int, acts: dict[str, list[Any]]) -> tuple[Steps, I64]:
@@ -312,16 +324,10 @@ _ELEM_BYTES = {
 }
 
 
-def _memory_bytes(
-    kclass: list[str], op_idx: list[int | None], ops: dict[str, list[Any]], nbytes: list[float | None]
-) -> None:
+def _memory_bytes(members: dict[int, list[int]], ops: dict[str, list[Any]], nbytes: list[float | None]) -> None:
     """Bytes a non-matmul kernel must move at least: its op's tensor inputs read once and an output
     the size of the largest input written once (norms, elementwise, optimizer updates). Split over
     the op's kernels like FLOPs are. Fills `nbytes` in place where the shapes allow."""
-    members: dict[int, list[int]] = {}
-    for i, (oi, k) in enumerate(zip(op_idx, kclass, strict=True)):
-        if oi is not None and k == "other":
-            members.setdefault(oi, []).append(i)
     for oi, idx in members.items():
         total = _tensor_bytes(ops["dims"][oi], ops["types"][oi])
         if total:
