@@ -17,7 +17,7 @@ from diag.states import STATES, StateRuns
 from diag.timeline import RankTimeline
 
 # Run-level rows are built as Python tuples (~0.3–0.5 kB each) a batch at a time: 128 ranks ×
-# 128 MB make 1.35 M collective calls and 1.7 M ledger rows.
+# 128 MB make 1.2 M collective calls and 0.9 M ledger rows.
 ROWS_PER_INSERT = 100_000
 
 

@@ -1,4 +1,4 @@
--- The queries behind the TUI's views, over the analysis tables (diag/sql/analysis.sql) and the
+-- The queries behind the TUI's views, over the analysis tables (diag/sql/rank_tables.sql, analysis.sql) and the
 -- event tables (diag/sql/schema.sql). Each block starts with `-- name: <query>` and takes DuckDB
 -- named parameters ($rank, ...). Every list a view shows is aggregated or limited here: a
 -- Textual DataTable takes ~1.6 s to fill with 10k rows (DESIGN.md), so no query returns more
