@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from diag import store
 from diag.digest import RankDigest
 from diag.engine import Analysis, AnalyzeOptions, analyze
 from diag.errors import BadInput
+from diag.executor import Executor, make_executor
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.report import build_report
 
@@ -52,25 +54,31 @@ def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOpt
 
 def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(),
                  ingest_opts: IngestOptions = IngestOptions(), warn: bool = True) -> tuple[Analysis, dict[str, Any]]:
-    opened = open_store(path, db, ingest_opts)
-    if warn:
-        for e in opened.errors:
-            print(f"diag: warning: {e.one_line()}; analyzing the other files", file=sys.stderr)
-    try:
-        return analyze_opened(opened.con, opts, opened.model_file, len(opened.errors))
-    finally:
-        opened.con.close()
+    # --executor ray: one Ray for the parse and the analysis map (the ingest joins it). The local
+    # executor maps in this process: on one machine the export to the workers costs what it saves.
+    with make_executor("ray", ingest_opts.jobs) if ingest_opts.executor == "ray" else nullcontext() as executor:
+        opened = open_store(path, db, ingest_opts)
+        if warn:
+            for e in opened.errors:
+                print(f"diag: warning: {e.one_line()}; analyzing the other files", file=sys.stderr)
+        try:
+            return analyze_opened(opened.con, opts, opened.model_file, len(opened.errors),
+                                  executor=executor, spill_dir=ingest_opts.spill_dir)
+        finally:
+            opened.con.close()
 
 
 def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None = None,
-                   unreadable: int = 0, cache: dict[int, RankDigest] | None = None) -> tuple[Analysis, dict[str, Any]]:
+                   unreadable: int = 0, cache: dict[int, RankDigest] | None = None,
+                   executor: Executor[Any] | None = None, spill_dir: str | None = None) -> tuple[Analysis, dict[str, Any]]:
     """Rebuild the analysis tables and the report (engine.analyze: readers on other cursors see
     the old run tables or the new ones, never a mix); the connection stays open. `cache`: see
-    engine.analyze (kept by the caller across analyses of this store with the same options)."""
+    engine.analyze (kept by the caller across analyses of this store with the same options), as
+    `executor` and `spill_dir` (where the map runs)."""
     if opts.model is None and model_file:
         opts = replace(opts, model=model_file)
     try:
-        a = analyze(con, opts, cache)
+        a = analyze(con, opts, cache, executor, spill_dir)
     except BaseException:
         if cache is not None:
             cache.clear()   # whatever failed, the next analysis starts over: every file mapped again

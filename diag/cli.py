@@ -32,7 +32,7 @@ def add_ingest_options(p: argparse.ArgumentParser) -> None:
                    help="parallel parse workers (default: one per core; with --executor ray, the cluster's CPUs)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where parse workers run: local processes, or Ray tasks on the cluster RAY_ADDRESS names "
-                        "(else a local Ray)")
+                        "(else a local Ray); with ray, analyze maps each rank's timeline on Ray too")
     p.add_argument("--spill-dir", default=None,
                    help="where workers write Parquet for the store to load (default: the temporary directory); "
                         "with Ray on several machines, storage every node mounts at the same path")

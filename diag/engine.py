@@ -9,13 +9,15 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
-from diag import hardware, store, tables
+from diag import hardware, rank_map, store, tables
 from diag import model as model_mod
 from diag.analysis import Finding, Peak, RankContext, RunContext, StepContext
 from diag.collectives import clock_offsets, match, wait_intervals
 from diag.digest import RankDigest, digest_rank
 from diag.errors import BadInput
+from diag.executor import Executor
 from diag.ledger import StepLedger
 from diag.states import I64, StepStates, with_waits
 from diag.timeline import load_rank, rank_files
@@ -40,19 +42,21 @@ class Analysis:
 
 
 def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOptions(),
-            cache: dict[int, RankDigest] | None = None) -> Analysis:
+            cache: dict[int, RankDigest] | None = None, executor: Executor[Any] | None = None,
+            spill_dir: str | None = None) -> Analysis:
     """Map each trace file to its digest (writing its rows of rank_tables.sql), then reduce.
 
     `cache` (file_id → digest) carries the map step's work from one analysis of this store to the
     next with the same options: live mode re-maps only the files that are new. Empty or None: every
-    file is mapped and the per-file tables are rebuilt."""
+    file is mapped and the per-file tables are rebuilt. With an `executor`, the map runs there
+    (diag/rank_map.py: each file's rows go by Parquet under `spill_dir`); else in this process."""
     files = rank_files(con)
     if not files:
         raise BadInput(str(con), "no Kineto traces in the store: ingest some first")
     spec = model_mod.load_model(opts.model) if opts.model else None
     if spec is not None and opts.tokens_per_step:
         spec = replace(spec, tokens_per_step=opts.tokens_per_step)
-    gpu = _gpu_option(opts)
+    gpu = gpu_part(opts.gpu)
     rules = [r() for r in RULES]
     cache = {} if cache is None else cache
     if not cache:
@@ -60,33 +64,37 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
             tables.reset_rank_tables(con)
     # One transaction per file: DuckDB holds a transaction's new rows in memory, and the
     # activities of 128 ranks × 128 MB in one would take ~5 GB (docs/scale.md).
-    for f in files:
-        if f not in cache:
-            with store.transaction(con):
-                cache[f] = _map_rank(con, f, rules, gpu)
+    todo = [f for f in files if f not in cache]
+    mapped = rank_map.map_elsewhere(con, todo, opts.gpu, executor, spill_dir) if executor is not None else \
+        (map_rank(con, f, rules, gpu) for f in todo)
+    for f, (digest, rows) in zip(todo, mapped, strict=True):
+        with store.transaction(con):
+            tables.insert_rank_rows(con, rows)
+        cache[f] = digest
     # The run's tables change at once: a reader (the TUI) sees the old ones or the new.
     with store.transaction(con):
         return _reduce(con, [cache[f] for f in files], rules, spec, opts)
 
 
-def _gpu_option(opts: AnalyzeOptions) -> hardware.Part | None:
-    if not opts.gpu:
+def gpu_part(key: str | None) -> hardware.Part | None:
+    if not key:
         return None
     try:
-        return hardware.part_by_key(opts.gpu)
+        return hardware.part_by_key(key)
     except ValueError as e:
         raise BadInput("--gpu", str(e)) from None
 
 
-def _map_rank(con: duckdb.DuckDBPyConnection, file_id: int, rules: list[Rule[Any]], gpu: hardware.Part | None) -> RankDigest:
-    """One file's timeline, reduced to its digest; the timeline itself is dropped on return."""
+def map_rank(con: duckdb.DuckDBPyConnection, file_id: int, rules: list[Rule[Any]],
+             gpu: hardware.Part | None) -> tuple[RankDigest, dict[str, pa.Table]]:
+    """One file's timeline, reduced to its digest and its rows of the per-file tables; the
+    timeline itself is dropped on return."""
     tl = load_rank(con, file_id)
     digest, runs = digest_rank(con, tl)
     part = gpu or (ident.part if tl.device_props and (ident := hardware.identify(tl.device_props)) else None)
     ctx = RankContext(tl, part.hbm_gbps if part else None)
     digest.rules = {r.code: d for r in rules if (d := r.digest(ctx)) is not None}
-    tables.write_rank(con, tl, runs)
-    return digest
+    return digest, tables.rank_rows(tl, runs)
 
 
 def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list[Rule[Any]],
@@ -162,7 +170,7 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
     part: hardware.Part | None = None
     how = ""
     if opts.gpu:
-        part = _gpu_option(opts)
+        part = gpu_part(opts.gpu)
         how = f"--gpu {opts.gpu}"
     else:
         for r in ranks:

@@ -25,39 +25,45 @@ def reset_rank_tables(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(store.sql_text("rank_tables.sql"))
 
 
-def write_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline, runs: StateRuns) -> None:
-    """One file's steps, activities and state runs."""
+def rank_rows(tl: RankTimeline, runs: StateRuns) -> dict[str, pa.Table]:
+    """One file's rows of the per-file tables (steps, activities, state runs), as Arrow: built
+    where the map runs (maybe another process), inserted by the store's one writer."""
     s = tl.steps
-    store.insert_rows(
-        con, "steps",
-        [(tl.file_id, tl.rank, tl.capture_window, s.step[i], s.cpu_start_ns[i], s.cpu_end_ns[i],
-          int(s.start_ns[i]), int(s.end_ns[i]), s.n_kernels[i], s.from_profiler_step) for i in range(len(s.step))],
-    )
+    n_steps = len(s.step)
     mnk = tl.gemm_mnk
-    _insert(con, "activities", {
-        "file_id": [tl.file_id] * len(tl), "idx": list(range(len(tl))), "rank": [tl.rank] * len(tl),
-        "step": [s.step[i] if i >= 0 else None for i in tl.step_of.tolist()], "source": tl.source,
-        "name": tl.name, "kclass": tl.kclass, "collective": tl.collective, "stream": tl.stream,
-        "ts_ns": tl.ts_ns, "end_ns": tl.end_ns, "correlation": tl.correlation,
-        "launch_ts_ns": tl.launch_ts_ns, "launch_end_ns": tl.launch_end_ns, "op_name": tl.op_name,
-        "phase": tl.phase, "flops": tl.flops, "gemm_m": [m[0] if m else None for m in mnk],
-        "gemm_n": [m[1] if m else None for m in mnk], "gemm_k": [m[2] if m else None for m in mnk],
-        "dtype": tl.dtype, "bytes_moved": tl.bytes_moved, "trace_flops": tl.trace_flops,
-    })
-    if len(runs.start_ns):
-        n = len(runs.start_ns)
-        _insert(con, "gpu_segments", {
+    n = len(runs.start_ns)
+    return {
+        "steps": pa.table({
+            "file_id": [tl.file_id] * n_steps, "rank": [tl.rank] * n_steps,
+            "capture_window": [tl.capture_window] * n_steps, "step": s.step, "cpu_start_ns": s.cpu_start_ns,
+            "cpu_end_ns": s.cpu_end_ns, "start_ns": s.start_ns, "end_ns": s.end_ns, "n_kernels": s.n_kernels,
+            "from_profiler_step": [s.from_profiler_step] * n_steps,
+        }),
+        "activities": pa.table({
+            "file_id": [tl.file_id] * len(tl), "idx": list(range(len(tl))), "rank": [tl.rank] * len(tl),
+            "step": [s.step[i] if i >= 0 else None for i in tl.step_of.tolist()], "source": tl.source,
+            "name": tl.name, "kclass": tl.kclass, "collective": tl.collective, "stream": tl.stream,
+            "ts_ns": tl.ts_ns, "end_ns": tl.end_ns, "correlation": tl.correlation,
+            "launch_ts_ns": tl.launch_ts_ns, "launch_end_ns": tl.launch_end_ns, "op_name": tl.op_name,
+            "phase": tl.phase, "flops": tl.flops, "gemm_m": [m[0] if m else None for m in mnk],
+            "gemm_n": [m[1] if m else None for m in mnk], "gemm_k": [m[2] if m else None for m in mnk],
+            "dtype": tl.dtype, "bytes_moved": tl.bytes_moved, "trace_flops": tl.trace_flops,
+        }),
+        "gpu_segments": pa.table({
             "file_id": [tl.file_id] * n, "rank": [tl.rank] * n, "step": [s.step[int(i)] for i in runs.step],
             "start_ns": runs.start_ns, "end_ns": runs.end_ns, "state": [STATES[int(x)] for x in runs.state],
-        })
+        }),
+    }
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, Any]) -> None:
-    con.register("_columns", pa.table(columns))
-    try:
-        con.execute(f"INSERT INTO {table} SELECT * FROM _columns")
-    finally:
-        con.unregister("_columns")
+def insert_rank_rows(con: duckdb.DuckDBPyConnection, rows: dict[str, pa.Table]) -> None:
+    for table, data in rows.items():
+        if data.num_rows:
+            con.register("_rank_rows", data)
+            try:
+                con.execute(f"INSERT INTO {table} SELECT * FROM _rank_rows")
+            finally:
+                con.unregister("_rank_rows")
 
 
 def write_run(con: duckdb.DuckDBPyConnection, run: RunContext) -> None:

@@ -1,4 +1,5 @@
-"""Scale: the map step on local processes and on Ray gives the same report, field by field; map
+"""Scale: the map steps (parse, analysis) on local processes and on Ray give the same report,
+field by field, as the analysis in one process; map
 calls keep their order; parsing works in bounded batches; the store's memory is capped and it
 spills to a private directory; analysis keeps digests, not timelines, and an analysis that
 re-maps only new files equals a full one. (The throughput and memory numbers are bench/scale.py's.)"""
@@ -41,7 +42,9 @@ def _report(run_dir: Path, executor: str) -> dict[str, Any]:
     result = ingest([str(run_dir)], con, IngestOptions(jobs=WORKERS, executor=executor))
     assert not result.errors, [e.one_line() for e in result.errors]
     assert len(result.ingested) == 8
-    report = build_report(analyze(con, AnalyzeOptions(model=str(run_dir / "model.toml"))))
+    # The analysis map on the same executor: each rank exported to Parquet, mapped by a worker.
+    with make_executor(executor, WORKERS) as ex:
+        report = build_report(analyze(con, AnalyzeOptions(model=str(run_dir / "model.toml")), executor=ex))
     con.close()
     return report
 
@@ -73,10 +76,16 @@ def local_ray() -> Iterator[None]:
 
 
 def test_ray_tasks_give_the_local_report_field_by_field(run_dir: Path, local_ray: None) -> None:
+    """Parse and analysis map on local processes, on Ray tasks, and the analysis in this process:
+    the same report, field by field."""
     local = _report(run_dir, "local")
     on_ray = _report(run_dir, "ray")
     assert local["findings"], "the straggler case should find something to compare"
     assert list(differences(local, on_ray)) == []
+    con = store.connect(None)
+    ingest([str(run_dir)], con, IngestOptions())
+    in_process = build_report(analyze(con, AnalyzeOptions(model=str(run_dir / "model.toml"))))
+    assert list(differences(local, in_process)) == []
 
 
 def test_executor_keeps_call_order(local_ray: None) -> None:
