@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import duckdb
@@ -213,8 +213,8 @@ def clock_offsets(matched: list[Matched], ranks: Iterable[int]) -> dict[int, Clo
     return result
 
 
-def collective_rows(matched: list[Matched], offsets: dict[int, ClockOffset]) -> list[tuple]:  # type: ignore[type-arg]
-    rows = []
+def collective_rows(matched: list[Matched], offsets: dict[int, ClockOffset]) -> Iterator[tuple]:  # type: ignore[type-arg]
+    """The collectives table's rows, one per call, made as they are consumed."""
     for m in matched:
         c = m.call
         off = offsets[c.rank].offset_ns if c.rank in offsets else 0
@@ -224,12 +224,11 @@ def collective_rows(matched: list[Matched], offsets: dict[int, ClockOffset]) -> 
         n = c.group_size or m.n_matched
         known = normalize_collective(c.collective) is not None
         busbw = algbw * bus_factor(c.collective, n) if algbw is not None and n and known else None
-        rows.append((
+        yield (
             c.file_id, c.rank, c.step, c.pg_name, c.pg_desc, c.collective, c.seq, m.ordinal, m.instance,
             c.group_size, c.group_ranks, c.msg_bytes, c.dtype, c.ts_ns, c.end_ns, c.ts_ns + off, c.end_ns + off,
             m.wait_ns, transfer, m.last_rank, m.n_matched, algbw, busbw,
-        ))
-    return rows
+        )
 
 
 def wait_intervals(matched: list[Matched]) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:

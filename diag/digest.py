@@ -18,7 +18,7 @@ import numpy as np
 
 from diag.collectives import Call, calls_of
 from diag.states import StateRuns, StepStates, Waitable, exposed_comm_ns, rank_states
-from diag.timeline import RankTimeline, Steps
+from diag.timeline import MATMUL_CLASSES, RankTimeline, Steps
 
 # cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math.
 _TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm", re.IGNORECASE)
@@ -54,7 +54,7 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         tl.collective[c.act] = c.collective
     states, runs, waitable = rank_states(tl)
     matmul = with_flops = 0
-    for i in np.nonzero(np.isin(np.asarray(tl.kclass, dtype=object), ["gemm", "attention"]))[0]:
+    for i in np.nonzero(np.isin(np.asarray(tl.kclass, dtype=object), list(MATMUL_CLASSES)))[0]:
         d = int(tl.end_ns[i] - tl.ts_ns[i])
         matmul += d
         with_flops += d if tl.flops[i] > 0 else 0

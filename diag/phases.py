@@ -55,18 +55,16 @@ def is_step_span(name: str) -> bool:
     return name.startswith("ProfilerStep#")
 
 
-def assign_phases(tid: I64, end: I64, name: Sequence[str | None], fwd_tid: Sequence[int | None]) -> list[str]:
-    """Phase of each op; ops sorted by (tid, ts, -end).
+def assign_phases(tid: I64, end: I64, codes: I64, names: list[str], fwd_tid: Sequence[int | None]) -> list[str]:
+    """Phase of each op; ops sorted by (tid, ts, -end), named by `name_codes`.
 
     An op's phase is a function of its name, whether it has a `Fwd thread id`, and its parent's
     phase (`_phase_of`). Each op's function is a row of 7 entries (parent phase: none or one of
     PHASES → its phase); composing every op's row with its parent's by pointer jumping gives the
     phase in log2(depth) numpy passes."""
-    n = len(name)
-    if n == 0:
+    if len(codes) == 0:
         return []
     states = (None, *PHASES)
-    codes, names = name_codes(name)
     has_fwd = pa.array(fwd_tid, pa.int64()).is_valid().to_numpy(zero_copy_only=False)
     keys, key_of = np.unique(codes * 2 + has_fwd, return_inverse=True)
     rows = np.array([[states.index(_phase_of(names[k // 2], parent, bool(k % 2))) for parent in states] for k in keys],

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diag.sweep import Segments, sweep, window_index
-from diag.timeline import RankTimeline
+from diag.timeline import MATMUL_CLASSES, RankTimeline
 
 I64 = npt.NDArray[np.int64]
 STATES = ("compute", "comm", "copy", "idle")
@@ -79,7 +79,7 @@ def rank_states(tl: RankTimeline) -> tuple[list[StepStates], StateRuns, Waitable
             "compute": pick(is_kernel & ~is_comm),
             "comm": pick(is_comm),
             "copy": pick(~is_kernel),
-            "matmul": pick(is_kernel & np.isin(kcl, ["gemm", "attention"])),
+            "matmul": pick(is_kernel & np.isin(kcl, list(MATMUL_CLASSES))),
             "p2p": pick(is_p2p),
             "coll": pick(is_comm & ~is_p2p),
             "dataloader": tl.dataloader_spans,

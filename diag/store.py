@@ -75,7 +75,11 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[Seque
     if not rows:
         return
     names = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-    data = pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(names)})
+    insert_arrow(con, table, pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(names)}))
+
+
+def insert_arrow(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
+    """Append an Arrow table whose columns are `table`'s, in order."""
     con.register("_rows", data)
     try:
         con.execute(f"INSERT INTO {table} SELECT * FROM _rows")

@@ -59,18 +59,13 @@ def rank_rows(tl: RankTimeline, runs: StateRuns) -> dict[str, pa.Table]:
 def insert_rank_rows(con: duckdb.DuckDBPyConnection, rows: dict[str, pa.Table]) -> None:
     for table, data in rows.items():
         if data.num_rows:
-            con.register("_rank_rows", data)
-            try:
-                con.execute(f"INSERT INTO {table} SELECT * FROM _rank_rows")
-            finally:
-                con.unregister("_rank_rows")
+            store.insert_arrow(con, table, data)
 
 
 def write_run(con: duckdb.DuckDBPyConnection, run: RunContext) -> None:
     """The collectives, clock offsets, per-step states and the ledger."""
     con.execute(store.sql_text("analysis.sql"))
-    _insert_batches(con, "collectives", (row for i in range(0, len(run.matched), ROWS_PER_INSERT)
-                                         for row in collective_rows(run.matched[i:i + ROWS_PER_INSERT], run.offsets)))
+    _insert_batches(con, "collectives", collective_rows(run.matched, run.offsets))
     store.insert_rows(
         con, "clock_offsets",
         [(o.rank, o.offset_ns, o.n_matches, o.spread_ns) for o in run.offsets.values()],

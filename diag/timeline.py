@@ -27,7 +27,7 @@ from diag.phases import assign_phases, is_dataloader_span, name_codes
 I64 = npt.NDArray[np.int64]
 
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
-_MATMUL_CLASSES = frozenset({str(kernels.KernelClass.GEMM), str(kernels.KernelClass.ATTENTION)})  # str: kclass holds str
+MATMUL_CLASSES = frozenset({str(kernels.KernelClass.GEMM), str(kernels.KernelClass.ATTENTION)})  # str: kclass holds str
 
 
 @dataclass
@@ -90,8 +90,9 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     rank, window, world, props_text = meta
     acts = _activities(con, file_id)
     ops = _cpu_ops(con, file_id)
-    op_tid, op_end = np.asarray(ops["tid"], np.int64), np.asarray(ops["end"], np.int64)
-    phases = assign_phases(op_tid, op_end, ops["name"], ops["fwd_tid"])
+    op_tid, op_ts, op_end = (np.asarray(ops[k], np.int64) for k in ("tid", "ts", "end"))
+    codes, distinct = name_codes(ops["name"])
+    phases = assign_phases(op_tid, op_end, codes, distinct, ops["fwd_tid"])
     by_ext = {e: i for i, e in enumerate(ops["external_id"]) if e is not None}
     host = not acts["ts"]
     if host:
@@ -113,7 +114,7 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     # The launching op: by External id where the trace links them; else the innermost CPU op on
     # the launching thread that contains the launch call (older traces give runtime calls an
     # External id of their own that names no op).
-    enclosing = _enclosing_ops(op_tid, np.asarray(ops["ts"], np.int64), op_end, acts["launch_tid"], acts["launch_ts"])
+    enclosing = _enclosing_ops(op_tid, op_ts, op_end, acts["launch_tid"], acts["launch_ts"])
     op_idx = [by_ext.get(e) if e is not None and e in by_ext else enc
               for e, enc in zip(acts["ext"], enclosing, strict=True)]
     op_name = [ops["name"][i] if i is not None else None for i in op_idx]
@@ -124,7 +125,6 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     flops, mnk, dtype, nbytes, tflops = _kernel_flops(acts, matmul_groups, ops)
     _memory_bytes(other_groups, ops, nbytes)
     steps, step_of = _steps(con, file_id, acts)
-    codes, distinct = name_codes(ops["name"])
     dl = np.isin(codes, [i for i, nm in enumerate(distinct) if is_dataloader_span(nm)])
     all_props = json.loads(props_text) if isinstance(props_text, str) else props_text
     props = device_props_for(all_props, acts["device"])
@@ -136,7 +136,7 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
         correlation=acts["correlation"], launch_ts_ns=acts["launch_ts"], launch_end_ns=acts["launch_end"],
         launch_tid=acts["launch_tid"], external_id=acts["ext"], op_name=op_name, op_external_id=op_ext, phase=phase,
         flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops, step_of=step_of,
-        dataloader_spans=(np.asarray(ops["ts"], np.int64)[dl], op_end[dl]),
+        dataloader_spans=(op_ts[dl], op_end[dl]),
         host_timeline=host and len(names) > 0,
     )
 
@@ -272,7 +272,7 @@ def _launch_groups(op_idx: list[int | None], kclass: list[str]) -> tuple[dict[in
     other: dict[int, list[int]] = {}
     for i, (oi, k) in enumerate(zip(op_idx, kclass, strict=True)):
         if oi is not None:
-            if k in _MATMUL_CLASSES:
+            if k in MATMUL_CLASSES:
                 matmul.setdefault(oi, []).append(i)
             elif k == "other":
                 other.setdefault(oi, []).append(i)
