@@ -92,6 +92,11 @@ def known_hashes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     return dict(con.execute("SELECT content_hash, path FROM trace_files").fetchall())
 
 
+# Arrow buffered per file before it is inserted: a few chunks' worth, small beside the chunk's
+# Python objects (a 4 MB chunk of JSON is ~3.5 MB of Arrow).
+FLUSH_BYTES = 16 * 1024**2
+
+
 class FileWriter:
     """One file's rows, written in one transaction: `add` chunks as they are parsed, then
     `finish` with the file's row. Leaving the `with` block any other way rolls everything back,
@@ -102,6 +107,8 @@ class FileWriter:
         self.rank = rank   # set before the first add: every row carries it
         self.file_id = -1
         self.done = False
+        self.pending: dict[str, list[pa.Table]] = {}
+        self.pending_bytes = 0
 
     def __enter__(self) -> FileWriter:
         self.con.execute("BEGIN TRANSACTION")
@@ -110,9 +117,22 @@ class FileWriter:
         return self
 
     def add(self, tables: dict[str, pa.Table]) -> None:
+        """Buffer a chunk's tables; write them once FLUSH_BYTES of Arrow have gathered. Each
+        INSERT costs ~2 ms besides its rows: the 35 MB control trace's 9 chunks × 7 tables took
+        0.26 s one chunk at a time and 0.13 s in one go."""
         for name, table in tables.items():
             if table.num_rows:
-                self._insert(name, table, "_incoming", lambda t=table: self.con.register("_incoming", t))
+                self.pending.setdefault(name, []).append(table)
+                self.pending_bytes += table.nbytes
+        if self.pending_bytes >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        for name, parts in self.pending.items():
+            table = pa.concat_tables(parts)
+            self._insert(name, table, "_incoming", lambda t=table: self.con.register("_incoming", t))
+        self.pending = {}
+        self.pending_bytes = 0
 
     def add_parquet(self, name: str, path: str, schema: pa.Schema) -> None:
         self._insert(name, schema.empty_table(), f"read_parquet('{_sql_str(path)}')", lambda: None)
@@ -136,6 +156,7 @@ class FileWriter:
                 self.con.unregister("_incoming")
 
     def finish(self, file_row: dict[str, Any]) -> int:
+        self.flush()
         row = dict(file_row, file_id=self.file_id,
                    ingested_at=datetime.now(timezone.utc).replace(tzinfo=None))
         for key in ("device_props", "distributed_info", "warnings"):

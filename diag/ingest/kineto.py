@@ -211,14 +211,14 @@ def _chunks(
                     cut, nxt = _cut(mv, nxt, end, 0)
                     piece = b"[" + mv[pos:cut].tobytes() + b"]"
             raws = [r.args for r in _raw_args_decoder.decode(piece)]
-            tables, era_2021 = _tabulate(evs, raws)
+            tables, era_2021 = _tabulate(evs, raws, bad)
         info.absorb(len(evs), tables, era_2021)
         yield tables
         if release is not None:
             release(pos, cut)
         pos = nxt
     if bad[0]:
-        info.warnings.append(f"{bad[0]} events had args of an unexpected type; kept raw, typed what fit")
+        info.warnings.append(f"{bad[0]} typed values were of an unexpected type or out of range; kept raw, typed what fit")
     if info.partial:
         info.warnings.append(
             f"damaged at byte {info.damage_offset}: kept the {info.n_events} complete events before it"
@@ -514,13 +514,30 @@ def _host_columns(b: _Bucket) -> dict[str, Any]:
     }
 
 
-def _table(name: str, cols: dict[str, Any]) -> pa.Table:
+def _table(name: str, bad: list[int], cols: dict[str, Any]) -> pa.Table:
     schema = SCHEMAS[name]
     return pa.table(
-        {f.name: cols[f.name] if isinstance(cols[f.name], pa.Array) else pa.array(cols[f.name], type=f.type)
+        {f.name: cols[f.name] if isinstance(cols[f.name], pa.Array) else _column(cols[f.name], f.type, bad)
          for f in schema},
         schema=schema,
     )
+
+
+_INT_RANGES = {I64: (-(2**63), 2**63 - 1), I32: (-(2**31), 2**31 - 1)}
+
+
+def _column(values: list[Any], typ: pa.DataType, bad: list[int]) -> pa.Array:
+    """A column of `typ`; an integer out of its range (a 2^70 id in a typed key) is typed null,
+    kept only in the raw args, and counted."""
+    try:
+        return pa.array(values, type=typ)
+    except (OverflowError, pa.ArrowInvalid):
+        if typ not in _INT_RANGES:
+            raise
+    lo, hi = _INT_RANGES[typ]
+    fit = [v if v is None or lo <= v <= hi else None for v in values]
+    bad[0] += sum(1 for v, f in zip(values, fit, strict=True) if v is not None and f is None)
+    return pa.array(fit, type=typ)
 
 
 def _collective_rows(source: str, evs: list[_Event]) -> dict[str, list[Any]]:
@@ -560,7 +577,7 @@ def _raw_str(r: msgspec.Raw) -> str | None:
     return bytes(r).decode("utf-8", "replace") if len(r) else None
 
 
-def _tabulate(events: list[_Event], raws: list[msgspec.Raw]) -> tuple[dict[str, pa.Table], bool]:
+def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: list[int]) -> tuple[dict[str, pa.Table], bool]:
     """One chunk's events → one Arrow table per destination; and whether it is the 2021 schema."""
     r = _route(events, raws)
     tables: dict[str, pa.Table] = {}
@@ -568,7 +585,7 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw]) -> tuple[dict[str, 
     kc = _gpu_columns(r["kernels"])
     kc["grid"] = [_text(e.args.grid) for e in r["kernels"].events]
     kc["block"] = [_text(e.args.block) for e in r["kernels"].events]
-    tables["kernels"] = _table("kernels", kc)
+    tables["kernels"] = _table("kernels", bad, kc)
 
     copies = _Bucket()
     copies.events = r["memcpy"].events + r["memset"].events
@@ -576,14 +593,14 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw]) -> tuple[dict[str, 
     cc = _gpu_columns(copies)
     cc["kind"] = ["memcpy"] * len(r["memcpy"].events) + ["memset"] * len(r["memset"].events)
     cc["bytes"] = [e.args.bytes for e in copies.events]
-    tables["copies"] = _table("copies", cc)
+    tables["copies"] = _table("copies", bad, cc)
 
-    tables["gpu_annotations"] = _table("gpu_annotations", _gpu_columns(r["gpu_ann"]))
+    tables["gpu_annotations"] = _table("gpu_annotations", bad, _gpu_columns(r["gpu_ann"]))
 
     rc = _host_columns(r["runtime"])
     rc["correlation"] = [e.args.correlation for e in r["runtime"].events]
     rc["cbid"] = [e.args.cbid for e in r["runtime"].events]
-    tables["runtime_calls"] = _table("runtime_calls", rc)
+    tables["runtime_calls"] = _table("runtime_calls", bad, rc)
 
     cpu = r["cpu"].events
     pc = _host_columns(r["cpu"])
@@ -592,17 +609,17 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw]) -> tuple[dict[str, 
     pc["input_dims"] = [_text(e.args.input_dims) for e in cpu]
     pc["input_types"] = [_text(e.args.input_types) for e in cpu]
     pc["trace_flops"] = [e.args.flops for e in cpu]
-    tables["cpu_ops"] = _table("cpu_ops", pc)
+    tables["cpu_ops"] = _table("cpu_ops", bad, pc)
 
     fl = r["flows"]
-    tables["flows"] = _table("flows", {
+    tables["flows"] = _table("flows", bad, {
         "cat": [e.cat for e in fl.events], "name": [e.name for e in fl.events], "ph": [e.ph for e in fl.events],
         "flow_id": [None if e.id is None else str(e.id) for e in fl.events],
         "pid": [_int_or_none(e.pid) for e in fl.events], "tid": [_int_or_none(e.tid) for e in fl.events],
         "ts_ns": _ns_array([e.ts for e in fl.events]), "args": [_text(x) for x in fl.raws],
     })
     ot = r["other"]
-    tables["other_events"] = _table("other_events", {
+    tables["other_events"] = _table("other_events", bad, {
         "ph": [e.ph for e in ot.events], "cat": [e.cat for e in ot.events], "name": [e.name for e in ot.events],
         "pid": [None if e.pid is None else str(e.pid) for e in ot.events],
         "tid": [None if e.tid is None else str(e.tid) for e in ot.events],
@@ -615,7 +632,7 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw]) -> tuple[dict[str, 
         coll[k].extend(v)
     coll["ts_ns"] = _ns_array(coll["ts_ns"])
     coll["dur_ns"] = _ns_array(coll["dur_ns"])
-    tables["collective_args"] = _table("collective_args", coll)
+    tables["collective_args"] = _table("collective_args", bad, coll)
 
     sample = r["kernels"].events[:1] + r["runtime"].events[:1] + cpu[:1]
     return tables, any(e.cat in _CATS_2021 for e in sample)

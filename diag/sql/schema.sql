@@ -14,7 +14,7 @@ CREATE SEQUENCE IF NOT EXISTS file_id_seq START 1;
 CREATE TABLE IF NOT EXISTS trace_files (
     file_id          INTEGER PRIMARY KEY,   -- dense id, referenced by every event table
     path             VARCHAR NOT NULL,      -- absolute path at ingest time
-    content_hash     VARCHAR NOT NULL UNIQUE, -- blake2b-128 of the decompressed bytes: re-ingest adds 0 rows
+    content_hash     VARCHAR NOT NULL UNIQUE, -- sha256 (hex) of the decompressed bytes: re-ingest adds 0 rows
     kind             VARCHAR NOT NULL,      -- 'kineto' | 'flight_recorder' | 'nccl_inspector' | 'nccl_profiler'
     rank             INTEGER,               -- global rank (NULL only for NCCL-side files that carry none)
     rank_source      VARCHAR,               -- 'distributedInfo' | 'filename' | 'option' | 'content'
