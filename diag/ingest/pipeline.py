@@ -75,9 +75,12 @@ class Sink(Protocol):
     def add(self, tables: dict[str, pa.Table]) -> None: ...
 
 
-def parse_into(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool, sink: Sink) -> dict[str, Any] | Skipped:
+def parse_into(
+    path: str, known: frozenset[str], opts: IngestOptions, explicit: bool, sink: Sink, split: bool = False
+) -> dict[str, Any] | Skipped:
     """Read, detect and parse one file, pushing its tables into `sink` as they are parsed (its
-    rank set first). Returns the file's trace_files row, or why it was skipped."""
+    rank set first); with `split`, a big file's second half is parsed in a forked child at the
+    same time. Returns the file's trace_files row, or why it was skipped."""
     src = read_source(path, opts.max_bytes)
     if src.content_hash in known:
         return Skipped(path, "already ingested (same content)")
@@ -96,7 +99,7 @@ def parse_into(path: str, known: frozenset[str], opts: IngestOptions, explicit: 
         if explicit:
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)
         return Skipped(path, "not a trace (no traceEvents)")
-    info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release)
+    info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release, split=split)
     # Validating the document touched every page of a mapped file; drop them all now, so that
     # only the chunk being parsed is resident (a 128 MB file: 128 MB less per worker).
     src.release(0, len(src.data))
@@ -215,10 +218,12 @@ def _in_process(
     files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
     explicit: list[str], seen: dict[str, str],
 ) -> Iterator[tuple[str, Outcome]]:
+    # One file at a time here, so a big one may take both halves of a two-core machine (--jobs 1: not).
+    split = (opts.jobs or os.cpu_count() or 1) > 1
     for path in files:
         try:
             with store.FileWriter(con) as w:
-                out = parse_into(path, known, opts, path in explicit, w)
+                out = parse_into(path, known, opts, path in explicit, w, split)
                 result = out if isinstance(out, Skipped) else _commit(con, out, seen, w)
         except BadInput as e:
             result = e

@@ -1,0 +1,91 @@
+"""The second half of a big trace's events, parsed in a forked child while this process parses
+the first: one file's parse on two cores.
+
+The child inherits the file's bytes (copy-on-write, or the same pages of the memory map), parses
+its half and writes each table as an Arrow IPC stream into a private temporary folder; this
+process, done with its own half, reads them back a batch at a time, in order, so memory holds a
+batch rather than a half. The child touches no database and leaves only through os._exit, so
+nothing of the parent's (DuckDB's connection, its threads) runs twice.
+
+If the child fails in any way, this process parses the second half itself: the same events, the
+same errors, as if it had never been split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from diag.ingest.kineto import KinetoFile
+
+Parse = Callable[["KinetoFile", list[int]], Iterator[dict[str, pa.Table]]]
+
+
+class SecondHalf:
+    """`parse(info, bad)` run in a forked child from construction; `tables` yields its output."""
+
+    def __init__(self, parse: Parse) -> None:
+        self.parse = parse
+        self.dir = tempfile.mkdtemp(prefix="diag-half-")
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child()
+
+    def _child(self) -> None:
+        from diag.ingest.kineto import KinetoFile
+
+        code = 1
+        try:
+            info, bad = KinetoFile.blank(), [0]
+            writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}
+            for tables in self.parse(info, bad):
+                for name, t in tables.items():
+                    if t.num_rows:
+                        if name not in writers:
+                            writers[name] = pa.ipc.new_stream(pa.OSFile(self._stream(name), "wb"), t.schema)
+                        writers[name].write_table(t)
+            for w in writers.values():
+                w.close()
+            Path(self.dir, "info.json").write_text(json.dumps({"info": info.counts(), "bad": bad[0],
+                                                               "tables": list(writers)}))
+            code = 0
+        finally:
+            os._exit(code)
+
+    def _stream(self, name: str) -> str:
+        return os.path.join(self.dir, f"{name}.arrows")
+
+    def tables(self, info: KinetoFile, bad: list[int]) -> Iterator[dict[str, pa.Table]]:
+        """The second half's tables (adding its counts to `info` and `bad`), once the child is done."""
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = 0
+        done = Path(self.dir, "info.json")
+        if status != 0 or not done.exists():
+            yield from self.parse(info, bad)
+            return
+        out = json.loads(done.read_text())
+        info.add_counts(out["info"])
+        bad[0] += out["bad"]
+        for name in out["tables"]:
+            with pa.OSFile(self._stream(name)) as f:
+                for batch in pa.ipc.open_stream(f):
+                    yield {name: pa.Table.from_batches([batch])}
+
+    def __enter__(self) -> SecondHalf:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.pid:   # left before the child's tables were wanted: it has nothing more to do
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,94 @@
+"""A big file's second half parsed in a forked child (diag/ingest/forked.py): the store ends up
+exactly as if one process had read the file, whether the split lands on an event boundary, falls
+inside a string, or the child fails."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from helpers import kineto_traces
+
+from diag import store
+from diag.ingest import kineto
+from diag.ingest.forked import SecondHalf
+from diag.ingest.pipeline import IngestOptions, ingest
+
+TABLES = (*kineto.EVENT_TABLES, "collective_args")
+
+
+def snapshot(path: Path, split: bool) -> dict[str, Any]:
+    """Every row of every table (order-free: a chunk's copies are memcpy then memset, so rows
+    group by chunk) and the file's row, ingested with or without the split."""
+    con = store.connect(None)
+    r = ingest([str(path)], con, IngestOptions(jobs=None if split else 1, rank=0))
+    assert not r.errors, [e.one_line() for e in r.errors]
+    out: dict[str, Any] = {t: con.execute(f"SELECT * EXCLUDE (file_id) FROM {t} ORDER BY ALL").fetchall()
+                           for t in TABLES}
+    out["file"] = con.execute("SELECT * EXCLUDE (file_id, ingested_at) FROM trace_files").fetchall()
+    out["warnings"] = r.warnings
+    con.close()
+    return out
+
+
+@pytest.fixture
+def split_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+
+
+@pytest.mark.usefixtures("split_everything")
+def test_split_ingest_equals_one_process_on_real_traces() -> None:
+    traces = kineto_traces()[:6]
+    for p in traces:
+        assert snapshot(p, split=True) == snapshot(p, split=False), p
+
+
+@pytest.mark.usefixtures("split_everything")
+def test_a_split_inside_a_string_is_found_out_and_read_through(tmp_path: Path) -> None:
+    """The middle of the events falls in a name full of `}, {`: the first boundary after it is
+    not an event boundary. This process reads on past it; the child's half is dropped."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
+               "args": {"External id": i}} for i in range(40)]
+    events[20]["name"] = '"}, {"ph": "X"' * 2000
+    f = tmp_path / "rank-0.json"
+    f.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    got = snapshot(f, split=True)
+    assert got == snapshot(f, split=False)
+    assert len(got["cpu_ops"]) == 40
+
+
+def test_a_failed_child_leaves_the_half_to_this_process() -> None:
+    parent = os.getpid()
+
+    def parse(info: kineto.KinetoFile, bad: list[int]) -> Iterator[dict[str, pa.Table]]:
+        if os.getpid() != parent:
+            raise RuntimeError("the child fails")
+        info.n_events += 3
+        yield {"t": pa.table({"x": [1, 2, 3]})}
+
+    info = kineto.KinetoFile.blank()
+    with SecondHalf(parse) as half:
+        tables = list(half.tables(info, [0]))
+    assert [t["t"].column("x").to_pylist() for t in tables] == [[1, 2, 3]] and info.n_events == 3
+    assert not os.path.exists(half.dir)
+
+
+def test_the_childs_tables_and_counts_come_back_in_order() -> None:
+    def parse(info: kineto.KinetoFile, bad: list[int]) -> Iterator[dict[str, pa.Table]]:
+        for i in range(3):
+            info.n_events += 2
+            bad[0] += 1
+            yield {"a": pa.table({"x": [i, i]}), "b": pa.table({"y": [str(i)]}),
+                   "empty": pa.table({"z": pa.array([], pa.int8())})}
+
+    info, bad = kineto.KinetoFile.blank(), [0]
+    with SecondHalf(parse) as half:
+        tables = list(half.tables(info, bad))
+    assert [t["a"].column("x").to_pylist() for t in tables if "a" in t] == [[0, 0], [1, 1], [2, 2]]
+    assert [t["b"].column("y").to_pylist() for t in tables if "b" in t] == [["0"], ["1"], ["2"]]
+    assert not any("empty" in t for t in tables) and info.n_events == 6 and bad == [3]
