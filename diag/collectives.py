@@ -67,8 +67,8 @@ class Matched:
 
 
 def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
-    comm = [i for i, k in enumerate(tl.kclass) if k == "comm"]
-    if not comm:
+    comm = np.nonzero(tl.kclass == "comm")[0]
+    if not len(comm):
         return []
     args = con.execute(
         """
@@ -89,18 +89,22 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
         if row[0] == "cpu_op":
             by_tid[row[1]].append(row)
     calls = []
-    for i in comm:
-        a = by_corr.get(tl.correlation[i]) or _enclosing(by_tid, tl.launch_tid[i], tl.launch_ts_ns[i])
+    launch = tl.acts.take(comm)
+    for i, corr, tid, launch_ts, step_i, ts, end in zip(
+        comm.tolist(), launch.column("correlation").to_pylist(), launch.column("launch_tid").to_pylist(),
+        launch.column("launch_ts").to_pylist(), tl.step_of[comm].tolist(), tl.ts_ns[comm].tolist(),
+        tl.end_ns[comm].tolist(), strict=True,
+    ):
+        a = by_corr.get(corr) or _enclosing(by_tid, tid, launch_ts)
         kname = tl.collective[i] or "unknown"
-        step = tl.steps.step[int(tl.step_of[i])] if tl.step_of[i] >= 0 else -1   # the ProfilerStep number
+        step = tl.steps.step[step_i] if step_i >= 0 else -1   # the ProfilerStep number
         if a is None:
             if kname == "sendrecv" and not tl.host_timeline:
                 # NCCL runs all-to-all as grouped send/recv: without the CPU-side op we cannot
                 # tell a pipeline transfer from an all-to-all, so it is not called a bubble.
                 kname = "alltoall|sendrecv"
             calls.append(Call(tl.rank, tl.file_id, tl.capture_window, i, step if step >= 0 else None,
-                              "unknown", None, kname, None, None, None, None, None,
-                              int(tl.ts_ns[i]), int(tl.end_ns[i])))
+                              "unknown", None, kname, None, None, None, None, None, ts, end))
             continue
         coll = normalize_collective(a[5] or "") or kname
         raw = (a[5] or "").lower()
@@ -113,8 +117,7 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
         calls.append(Call(
             tl.rank, tl.file_id, tl.capture_window, i, step if step >= 0 else None, a[6] or "unknown", a[7],
             coll, a[8], a[9], None if ranks is None else groups[ranks],
-            nelems * size if size and nelems else None, a[13], int(tl.ts_ns[i]), int(tl.end_ns[i]),
-            direction, a[14],
+            nelems * size if size and nelems else None, a[13], ts, end, direction, a[14],
         ))
     return calls
 

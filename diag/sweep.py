@@ -59,7 +59,10 @@ def sweep(intervals: Mapping[str, tuple[I64, I64]], cuts: I64 | None = None) -> 
     order = np.argsort(t, kind="stable")
     t, d, ki = t[order], d[order], ki[order]
     # Boundaries at the same instant collapse into one: counts are taken after all of them apply.
-    uniq, first = np.unique(t, return_index=True)
+    # t is sorted: the first of each run of equal times is what np.unique(t, return_index=True)
+    # gives, without its hash table (numpy 2.4), ~10× slower here.
+    first = np.flatnonzero(np.append(True, t[1:] != t[:-1]))
+    uniq = t[first]
     last = np.append(first[1:], len(t)) - 1
     active: dict[str, I64] = {}
     for k, name in enumerate(kinds):

@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from diag import store
 from diag.analysis import RunContext
@@ -30,8 +32,10 @@ def rank_rows(tl: RankTimeline, runs: StateRuns) -> dict[str, pa.Table]:
     where the map runs (maybe another process), inserted by the store's one writer."""
     s = tl.steps
     n_steps = len(s.step)
-    mnk = tl.gemm_mnk
-    n = len(runs.start_ns)
+    n = len(tl)
+    step_no = np.asarray(s.step, np.int64)
+    mnk = pa.array(tl.gemm_mnk, pa.list_(pa.int64(), 3))
+    acts = tl.acts
     return {
         "steps": pa.table({
             "file_id": [tl.file_id] * n_steps, "rank": [tl.rank] * n_steps,
@@ -40,18 +44,21 @@ def rank_rows(tl: RankTimeline, runs: StateRuns) -> dict[str, pa.Table]:
             "from_profiler_step": [s.from_profiler_step] * n_steps,
         }),
         "activities": pa.table({
-            "file_id": [tl.file_id] * len(tl), "idx": list(range(len(tl))), "rank": [tl.rank] * len(tl),
-            "step": [s.step[i] if i >= 0 else None for i in tl.step_of.tolist()], "source": tl.source,
-            "name": tl.name, "kclass": tl.kclass, "collective": tl.collective, "stream": tl.stream,
-            "ts_ns": tl.ts_ns, "end_ns": tl.end_ns, "correlation": tl.correlation,
-            "launch_ts_ns": tl.launch_ts_ns, "launch_end_ns": tl.launch_end_ns, "op_name": tl.op_name,
-            "phase": tl.phase, "flops": tl.flops, "gemm_m": [m[0] if m else None for m in mnk],
-            "gemm_n": [m[1] if m else None for m in mnk], "gemm_k": [m[2] if m else None for m in mnk],
+            "file_id": np.full(n, tl.file_id, np.int64), "idx": np.arange(n, dtype=np.int64),
+            "rank": np.full(n, tl.rank, np.int64),
+            "step": pa.array(step_no[np.maximum(tl.step_of, 0)], mask=tl.step_of < 0),
+            "source": acts.column("source"), "name": acts.column("name"), "kclass": pa.array(tl.kclass, pa.string()),
+            "collective": tl.collective, "stream": acts.column("stream"), "ts_ns": tl.ts_ns, "end_ns": tl.end_ns,
+            "correlation": acts.column("correlation"), "launch_ts_ns": acts.column("launch_ts"),
+            "launch_end_ns": acts.column("launch_end"), "op_name": tl.op_name,
+            "phase": pa.array(tl.phase, pa.string()), "flops": tl.flops, "gemm_m": pc.list_element(mnk, 0),
+            "gemm_n": pc.list_element(mnk, 1), "gemm_k": pc.list_element(mnk, 2),
             "dtype": tl.dtype, "bytes_moved": tl.bytes_moved, "trace_flops": tl.trace_flops,
         }),
         "gpu_segments": pa.table({
-            "file_id": [tl.file_id] * n, "rank": [tl.rank] * n, "step": [s.step[int(i)] for i in runs.step],
-            "start_ns": runs.start_ns, "end_ns": runs.end_ns, "state": [STATES[int(x)] for x in runs.state],
+            "file_id": np.full(len(runs.step), tl.file_id, np.int64),
+            "rank": np.full(len(runs.step), tl.rank, np.int64), "step": step_no[runs.step],
+            "start_ns": runs.start_ns, "end_ns": runs.end_ns, "state": pa.array(STATES).take(runs.state),
         }),
     }
 

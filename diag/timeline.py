@@ -10,18 +10,22 @@ import functools
 import json
 import math
 import re
+from collections.abc import Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from diag import flops as flops_mod
 from diag import kernels
 from diag.ingest.kineto import device_props_for
 from diag.links import normalize_collective
-from diag.nesting import containing
+from diag.nesting import containing, distinct
 from diag.phases import assign_phases, is_dataloader_span, name_codes
 
 I64 = npt.NDArray[np.int64]
@@ -52,22 +56,19 @@ class RankTimeline:
     device_props: dict[str, Any] | None
     gpus_per_node: int | None           # deviceProperties lists every GPU of the host
     steps: Steps
-    # Parallel columns over activities.
-    source: list[str]
-    name: list[str]
-    kclass: list[str]
+    # Parallel columns over activities. `acts` holds those read from the store as they came
+    # (read_rank: source, name, device, stream, ts, end, correlation, launch_ts, launch_end, ext,
+    # launch_tid): rank_rows writes them out as they are, and Python reads them by index through
+    # the list properties below, made on first use.
+    acts: pa.Table
+    kernel: npt.NDArray[np.bool_]      # an SM kernel (source 'kernel'), not a copy-engine event
+    kclass: npt.NDArray[np.object_]    # str: gemm | attention | comm | copy | memset | other
     collective: list[str | None]
-    stream: list[int | None]
     ts_ns: I64
     end_ns: I64
-    correlation: list[int | None]
-    launch_ts_ns: list[int | None]
-    launch_end_ns: list[int | None]
-    launch_tid: list[int | None]
-    external_id: list[int | None]
     op_name: list[str | None]
     op_external_id: list[int | None]   # External id of the launching op: groups the kernels of one op
-    phase: list[str]
+    phase: npt.NDArray[np.object_]     # str: diag/phases.py PHASES
     flops: npt.NDArray[np.float64]
     gemm_mnk: list[tuple[int, int, int] | None]
     dtype: list[str | None]
@@ -81,64 +82,152 @@ class RankTimeline:
     def __len__(self) -> int:
         return len(self.ts_ns)
 
+    @functools.cached_property
+    def source(self) -> list[str]:
+        """'kernel' | 'memcpy' | 'memset'"""
+        return _strings(self.acts.column("source"))
+
+    @functools.cached_property
+    def name(self) -> list[str]:
+        return _strings(self.acts.column("name"))
+
+    @functools.cached_property
+    def stream(self) -> list[int | None]:
+        return self.acts.column("stream").to_pylist()
+
+    @functools.cached_property
+    def correlation(self) -> list[int | None]:
+        return self.acts.column("correlation").to_pylist()
+
+    @functools.cached_property
+    def launch_ts_ns(self) -> list[int | None]:
+        return self.acts.column("launch_ts").to_pylist()
+
+    @functools.cached_property
+    def launch_end_ns(self) -> list[int | None]:
+        return self.acts.column("launch_end").to_pylist()
+
+    @functools.cached_property
+    def launch_tid(self) -> list[int | None]:
+        return self.acts.column("launch_tid").to_pylist()
+
+    @functools.cached_property
+    def external_id(self) -> list[int | None]:
+        return self.acts.column("ext").to_pylist()
+
+
+# Kernel classes by index: an activity's class is held as its index into CLASSES while the
+# timeline is built (diag/kernels.py KernelClass order: gemm, attention, comm, copy, memset, other).
+CLASSES = tuple(str(k) for k in kernels.KernelClass)
+_GEMM, _ATTENTION, _COMM, _COPY, _MEMSET, _OTHER = range(len(CLASSES))
+_CLASS_NAMES = np.array(CLASSES, dtype=object)
+
+
+@dataclass(frozen=True)
+class RankRows:
+    """One file's rows as the store gives them (Arrow), before any Python work: read apart from
+    the build so that `load_ranks` reads the next file's while this one's timeline is built."""
+
+    file_id: int
+    meta: tuple[Any, ...]                 # rank, capture window, world size, device properties, first and last ts
+    acts: pa.Table                        # _ACTIVITIES, or _HOST_ACTIVITIES for a CPU-only trace
+    host: bool
+    ops: pa.Table                         # _CPU_OPS
+    spans: list[tuple[Any, ...]]          # ProfilerStep spans: name, start, end
+
 
 def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
+    return build_rank(read_rank(con, file_id))
+
+
+def load_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> Generator[RankTimeline, None, None]:
+    """load_rank of each file, in order. The next file's rows are read on a second connection, in
+    a thread, while this one's timeline is built and used: DuckDB runs a query without the GIL.
+    On the 35 MB control trace a rank's reads take ~45 ms, and its build and digest about as long
+    (bench/timeline.py). Only the reads go to the thread: the build is many short numpy steps,
+    and each would wait up to the interpreter's 5 ms switch interval to take the GIL back from
+    the Python running here (a build in a thread took 50× as long beside a busy loop)."""
+    if not files:
+        return
+    cur = con.cursor()   # a connection of its own: one connection is not for two threads at once
+    try:
+        cur.execute("SET enable_progress_bar = false")   # per connection, as store.connect sets it
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-read") as pool:
+            ahead = pool.submit(read_rank, cur, files[0])
+            for nxt in [*files[1:], None]:
+                rows = ahead.result()
+                if nxt is not None:
+                    ahead = pool.submit(read_rank, cur, nxt)
+                yield build_rank(rows)
+    finally:
+        cur.close()
+
+
+def read_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankRows:
     meta = con.execute(
-        "SELECT rank, coalesce(capture_window, 0), world_size, device_props FROM trace_files WHERE file_id = ?",
+        "SELECT rank, coalesce(capture_window, 0), world_size, device_props, first_ts_ns, last_ts_ns "
+        "FROM trace_files WHERE file_id = ?",
         [file_id],
     ).fetchall()[0]
-    rank, window, world, props_text = meta
-    acts = _activities(con, file_id)
-    ops = _cpu_ops(con, file_id)
-    op_tid, op_ts, op_end = (np.asarray(ops[k], np.int64) for k in ("tid", "ts", "end"))
-    codes, distinct = name_codes(ops["name"])
-    phases = assign_phases(op_tid, op_end, codes, distinct, ops["fwd_tid"])
-    by_ext = {e: i for i, e in enumerate(ops["external_id"]) if e is not None}
-    host = not acts["ts"]
+    acts = _arrow(con, _ACTIVITIES, {"f": file_id})
+    host = acts.num_rows == 0
     if host:
-        acts = _host_activities(con, file_id)
+        acts = _arrow(con, _HOST_ACTIVITIES, [file_id])
+    spans = con.execute(
+        """
+        SELECT DISTINCT name, ts_ns, ts_ns + dur_ns FROM cpu_ops
+        WHERE file_id = ? AND name LIKE 'ProfilerStep#%' ORDER BY ts_ns
+        """,
+        [file_id],
+    ).fetchall()
+    return RankRows(file_id, tuple(meta), acts, host, _arrow(con, _CPU_OPS, [file_id]), spans)
 
-    names = acts["name"]
-    if host:
-        kclass = [_host_class(nm or "") for nm in names]
-        collective = [normalize_collective(nm.split(":", 1)[1]) if k == "comm" else None
-                      for nm, k in zip(names, kclass, strict=True)]
-    else:
-        classes = {nm: str(kernels.classify(nm or "")) for nm in set(names)}
-        kclass = [
-            classes[nm] if src == "kernel" else ("memset" if src == "memset" else "copy")
-            for nm, src in zip(names, acts["source"], strict=True)
-        ]
-        collective = [kernels.collective_of(nm or "") if k == "comm" else None
-                      for nm, k in zip(names, kclass, strict=True)]
-    # The launching op: by External id where the trace links them; else the innermost CPU op on
-    # the launching thread that contains the launch call (older traces give runtime calls an
-    # External id of their own that names no op).
-    enclosing = _enclosing_ops(op_tid, op_ts, op_end, acts["launch_tid"], acts["launch_ts"])
-    op_idx = [by_ext.get(e) if e is not None and e in by_ext else enc
-              for e, enc in zip(acts["ext"], enclosing, strict=True)]
-    op_name = [ops["name"][i] if i is not None else None for i in op_idx]
-    op_ext = [ops["external_id"][i] if i is not None else None for i in op_idx]
-    phase = [phases[i] if i is not None else "other" for i in op_idx]
 
-    matmul_groups, other_groups = _launch_groups(op_idx, kclass)
-    flops, mnk, dtype, nbytes, tflops = _kernel_flops(acts, matmul_groups, ops)
-    _memory_bytes(other_groups, ops, nbytes)
-    steps, step_of = _steps(con, file_id, acts)
+def build_rank(rows: RankRows) -> RankTimeline:
+    rank, window, world, props_text = rows.meta[:4]
+    acts, ops = rows.acts, rows.ops
+    op_tid, op_ts, op_end = (_ints(ops.column(k)) for k in ("tid", "ts", "end"))
+    codes, distinct = name_codes(ops.column("name"))
+    phases = assign_phases(op_tid, op_end, codes, distinct, _valid(ops.column("fwd_tid")))
+    ts, end = _ints(acts.column("ts")), _ints(acts.column("end"))
+    kernel, kclass, collective = _classes(acts, rows.host)
+    op_idx = _launching_ops(ops, op_tid, op_ts, op_end, acts)
+    flops, mnk, dtype, nbytes, tflops = _kernel_shapes(ops, op_idx, kclass, end - ts)
+    steps, step_of = _steps(rows, ts, end)
     dl = np.isin(codes, [i for i, nm in enumerate(distinct) if is_dataloader_span(nm)])
     all_props = json.loads(props_text) if isinstance(props_text, str) else props_text
-    props = device_props_for(all_props, acts["device"])
+    launched = op_idx >= 0
+    phase = np.full(len(op_idx), "other", dtype=object)
+    phase[launched] = phases[op_idx[launched]]
     return RankTimeline(
-        file_id=file_id, rank=rank, capture_window=window, world_size=world, device_props=props,
+        file_id=rows.file_id, rank=rank, capture_window=window, world_size=world,
+        device_props=device_props_for(all_props, acts.column("device").to_pylist()),
         gpus_per_node=len(all_props) if isinstance(all_props, list) and all_props else None, steps=steps,
-        source=acts["source"], name=names, kclass=kclass, collective=collective, stream=acts["stream"],
-        ts_ns=np.asarray(acts["ts"], np.int64), end_ns=np.asarray(acts["end"], np.int64),
-        correlation=acts["correlation"], launch_ts_ns=acts["launch_ts"], launch_end_ns=acts["launch_end"],
-        launch_tid=acts["launch_tid"], external_id=acts["ext"], op_name=op_name, op_external_id=op_ext, phase=phase,
-        flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops, step_of=step_of,
-        dataloader_spans=(op_ts[dl], op_end[dl]),
-        host_timeline=host and len(names) > 0,
+        acts=acts, kernel=kernel, kclass=_CLASS_NAMES[kclass], collective=collective, ts_ns=ts, end_ns=end,
+        op_name=_take(ops.column("name"), op_idx), op_external_id=_take(ops.column("external_id"), op_idx),
+        phase=phase, flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops,
+        step_of=step_of, dataloader_spans=(op_ts[dl], op_end[dl]), host_timeline=rows.host and len(ts) > 0,
     )
+
+
+def _ints(col: pa.ChunkedArray) -> I64:
+    """An integer column as int64, nulls as -1 (where they matter, `_valid` tells them apart)."""
+    return np.asarray(col.fill_null(-1), np.int64)
+
+
+def _valid(col: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    return np.asarray(col.is_valid(), bool)
+
+
+def _strings(col: pa.ChunkedArray) -> list[Any]:
+    """A string column as a list: one str object per distinct value, not per row."""
+    encoded = col.combine_chunks().dictionary_encode(null_encoding="encode")
+    return np.array(encoded.dictionary.to_pylist(), dtype=object)[encoded.indices.to_numpy()].tolist()
+
+
+def _take(col: pa.ChunkedArray, idx: I64) -> list[Any]:
+    """col[i] for each index, None where the index is -1."""
+    return col.take(pa.array(idx, mask=idx < 0)).to_pylist()
 
 
 # CPU-only runs (gloo, no GPU): the host timeline stands in for the GPU's. Compute is time inside
@@ -157,142 +246,181 @@ def _host_class(name: str) -> str:
     return "other"
 
 
-def _host_activities(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any]]:
-    rows = con.execute(
-        """
-        SELECT name, tid, ts_ns, ts_ns + dur_ns, external_id FROM cpu_ops
-        WHERE file_id = ? AND ((cat = 'cpu_op' AND name LIKE 'aten::%') OR name LIKE 'gloo:%')
-        ORDER BY ts_ns, ts_ns + dur_ns
-        """,
-        [file_id],
-    ).fetchall()
-    n = len(rows)
-    return {
-        "source": ["kernel"] * n, "name": [r[0] for r in rows], "device": [None] * n,
-        "stream": [r[1] for r in rows], "ts": [r[2] for r in rows], "end": [r[3] for r in rows],
-        "correlation": [None] * n,
-        # A host op is its own launch (it belongs to the step it ran in) and never waits for one.
-        "launch_ts": [r[2] for r in rows], "launch_end": [None] * n, "ext": [r[4] for r in rows],
-        "launch_tid": [r[1] for r in rows],
-    }
+def _classes(acts: pa.Table, host: bool) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp], list[str | None]]:
+    """Which activities are SM kernels, each one's class (index into CLASSES) and, for
+    communication kernels, the collective its name gives: worked out once per distinct name (a
+    rank's 9k activities have ~170)."""
+    codes, names = name_codes(acts.column("name"))
+    if host:
+        by_name = [_host_class(nm) for nm in names]
+        collectives = [normalize_collective(nm.split(":", 1)[1]) if k == "comm" else None
+                       for nm, k in zip(names, by_name, strict=True)]
+    else:
+        by_name = [str(kernels.classify(nm)) for nm in names]
+        collectives = [kernels.collective_of(nm) if k == "comm" else None for nm, k in zip(names, by_name, strict=True)]
+    kclass = np.array([CLASSES.index(k) for k in by_name], np.intp)[codes]
+    source = acts.column("source")
+    kernel = np.asarray(pc.equal(source, "kernel").fill_null(False), bool)
+    if not host:
+        # Copy-engine events are typed by ingest: memcpy or memset, whatever their name says.
+        memset = np.asarray(pc.equal(source, "memset").fill_null(False), bool)
+        kclass = np.where(kernel, kclass, np.where(memset, _MEMSET, _COPY))
+    collective = np.full(len(codes), None, dtype=object)
+    comm = kclass == _COMM
+    collective[comm] = np.array(collectives, dtype=object)[codes[comm]]
+    return kernel, kclass, collective.tolist()
 
 
-def _enclosing_ops(tid: I64, ts: I64, end: I64, q_tid: list[int | None], q_ts: list[int | None]) -> list[int | None]:
-    """For each launch (thread, time): the innermost CPU op on that thread containing it, or None."""
-    known = np.array([t is not None and q is not None for t, q in zip(q_tid, q_ts, strict=True)], bool)
-    found = np.full(len(q_ts), -1, np.int64)
-    if known.any():
-        pick = np.nonzero(known)[0]
-        found[pick] = containing(tid, ts, end, np.array([q_tid[i] for i in pick], np.int64),
-                                 np.array([q_ts[i] for i in pick], np.int64))
-    return [None if i < 0 else i for i in found.tolist()]
+def _launching_ops(ops: pa.Table, tid: I64, ts: I64, end: I64, acts: pa.Table) -> I64:
+    """Each activity's launching op (index into ops), or -1: the op of its External id where the
+    trace links them (the last op of that id); else the innermost CPU op on the launching thread
+    that contains the launch call (older traces give runtime calls an External id of their own
+    that names no op)."""
+    out = np.full(acts.num_rows, -1, np.int64)
+    have = np.nonzero(_valid(ops.column("external_id")))[0]
+    op_ext = _ints(ops.column("external_id"))[have]
+    order = np.argsort(op_ext, kind="stable")
+    keys, at = op_ext[order], have[order]
+    last = np.append(keys[1:] != keys[:-1], True)[: len(keys)]   # the last op of each id, in op order
+    keys, at = keys[last], at[last]
+    if len(keys):
+        ext = _ints(acts.column("ext"))
+        pos = np.minimum(np.searchsorted(keys, ext), len(keys) - 1)
+        found = _valid(acts.column("ext")) & (keys[pos] == ext)
+        out[found] = at[pos[found]]
+    launch_tid, launch_ts = acts.column("launch_tid"), acts.column("launch_ts")
+    ask = np.nonzero((out < 0) & _valid(launch_tid) & _valid(launch_ts))[0]
+    if len(ask):
+        out[ask] = containing(tid, ts, end, _ints(launch_tid)[ask], _ints(launch_ts)[ask])
+    return out
 
 
-def _activities(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any]]:
-    return _columns(
-        con,
-        """
-        WITH launch AS (
-            SELECT correlation, min(ts_ns) AS ts, arg_min(ts_ns + dur_ns, ts_ns) AS "end",
-                   arg_min(external_id, ts_ns) AS ext, arg_min(tid, ts_ns) AS tid
-            FROM runtime_calls WHERE file_id = $f AND correlation IS NOT NULL AND correlation <> 0
-            GROUP BY correlation
-        ), act AS (
-            SELECT 'kernel' AS source, name, device, stream, ts_ns, ts_ns + dur_ns AS end_ns, correlation, external_id
-            FROM kernels WHERE file_id = $f
-            UNION ALL
-            SELECT kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id
-            FROM copies WHERE file_id = $f
-        )
-        SELECT act.source, act.name, act.device, act.stream, act.ts_ns AS ts, act.end_ns AS "end",
-               act.correlation, launch.ts AS launch_ts, launch."end" AS launch_end,
-               coalesce(nullif(act.external_id, 0), launch.ext) AS ext, launch.tid AS launch_tid
-        FROM act LEFT JOIN launch ON launch.correlation = act.correlation
-        ORDER BY act.ts_ns, act.end_ns
-        """,
-        {"f": file_id},
+_ACTIVITIES = """
+    WITH launch AS (
+        SELECT correlation, min(ts_ns) AS ts, arg_min(ts_ns + dur_ns, ts_ns) AS "end",
+               arg_min(external_id, ts_ns) AS ext, arg_min(tid, ts_ns) AS tid
+        FROM runtime_calls WHERE file_id = $f AND correlation IS NOT NULL AND correlation <> 0
+        GROUP BY correlation
+    ), act AS (
+        SELECT 'kernel' AS source, name, device, stream, ts_ns, ts_ns + dur_ns AS end_ns, correlation, external_id
+        FROM kernels WHERE file_id = $f
+        UNION ALL
+        SELECT kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id
+        FROM copies WHERE file_id = $f
     )
+    SELECT act.source, act.name, act.device, act.stream, act.ts_ns AS ts, act.end_ns AS "end",
+           act.correlation, launch.ts AS launch_ts, launch."end" AS launch_end,
+           coalesce(nullif(act.external_id, 0), launch.ext) AS ext, launch.tid AS launch_tid
+    FROM act LEFT JOIN launch ON launch.correlation = act.correlation
+    ORDER BY act.ts_ns, act.end_ns
+"""
+
+# A host op is its own launch (it belongs to the step it ran in) and never waits for one.
+_HOST_ACTIVITIES = """
+    SELECT 'kernel' AS source, name, NULL::INTEGER AS device, tid AS stream, ts_ns AS ts, ts_ns + dur_ns AS "end",
+           NULL::BIGINT AS correlation, ts_ns AS launch_ts, NULL::BIGINT AS launch_end, external_id AS ext,
+           tid AS launch_tid
+    FROM cpu_ops
+    WHERE file_id = ? AND ((cat = 'cpu_op' AND name LIKE 'aten::%') OR name LIKE 'gloo:%')
+    ORDER BY ts_ns, ts_ns + dur_ns
+"""
+
+_CPU_OPS = """
+    SELECT coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, fwd_tid, external_id,
+           input_dims::VARCHAR AS dims, input_types::VARCHAR AS types, trace_flops,
+           CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete
+    FROM cpu_ops WHERE file_id = ? ORDER BY coalesce(tid, -1), ts_ns, dur_ns DESC
+"""
 
 
-def _columns(con: duckdb.DuckDBPyConnection, query: str, params: Any) -> dict[str, list[Any]]:
-    """A query's result as Python lists per column (through Arrow: far faster than row tuples)."""
+def _arrow(con: duckdb.DuckDBPyConnection, query: str, params: Any) -> pa.Table:
     rel = con.sql(query, params=params)
     # DuckDB 2 names it to_arrow_table; 1.x returns the table from arrow().
-    table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-    return {name: table.column(name).to_pylist() for name in table.column_names}
+    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 
-def _cpu_ops(con: duckdb.DuckDBPyConnection, file_id: int) -> dict[str, list[Any]]:
-    return _columns(
-        con,
-        """
-        SELECT coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, fwd_tid, external_id,
-               input_dims::VARCHAR AS dims, input_types::VARCHAR AS types, trace_flops,
-               CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete
-        FROM cpu_ops WHERE file_id = ? ORDER BY coalesce(tid, -1), ts_ns, dur_ns DESC
-        """,
-        [file_id],
-    )
-
-
-def _kernel_flops(
-    acts: dict[str, list[Any]], members: dict[int, list[int]], ops: dict[str, list[Any]]
+def _kernel_shapes(
+    ops: pa.Table, op_idx: I64, kclass: npt.NDArray[np.intp], dur: I64
 ) -> tuple[npt.NDArray[np.float64], list[Any], list[str | None], list[float | None], list[float | None]]:
-    """FLOPs per activity: the launching op's FLOPs from its shapes, split over its matmul kernels
-    in proportion to their durations (split-K GEMMs launch more than one)."""
-    n = len(acts["ts"])
-    out = np.zeros(n, np.float64)
-    mnk: list[Any] = [None] * n
-    dtype: list[str | None] = [None] * n
-    nbytes: list[float | None] = [None] * n
-    tflops: list[float | None] = [None] * n
-    ts, end = acts["ts"], acts["end"]
-    for oi, idx in members.items():
-        name = ops["name"][oi] or ""
-        if name.removesuffix("_") not in flops_mod.SUPPORTED_OPS or ops["dims"][oi] is None:
-            continue
-        f = _op_flops(name, ops["dims"][oi], ops["types"][oi], ops["concrete"][oi])
-        if f is None:
-            continue
-        durs = [end[i] - ts[i] for i in idx]
-        total = sum(durs)
-        for j, i in enumerate(idx):
-            share = durs[j] / total if total > 0 else 1.0 / len(idx)
-            out[i] = f.flops * share
-            mnk[i] = f.m_n_k
-            dtype[i] = f.dtype
-            nbytes[i] = None if f.bytes_moved is None else f.bytes_moved * share
-            tflops[i] = ops["trace_flops"][oi]
-    return out, mnk, dtype, nbytes, tflops
+    """FLOPs, GEMM m_n_k, dtype, bytes and the profiler's FLOPs per activity, from its launching
+    op's shapes. A matmul kernel gets its op's FLOPs, split over the op's matmul kernels in
+    proportion to their durations (split-K GEMMs launch more than one). Another compute kernel
+    gets the bytes its op must move at least: its tensor inputs read once and an output the size
+    of the largest input written once (norms, elementwise, optimizer updates), split evenly over
+    the op's such kernels. Each distinct (name, shapes) of the launching ops is worked out once:
+    the control trace's 6.9k launching ops per rank have 455."""
+    n = len(op_idx)
+    flops = np.zeros(n, np.float64)
+    mnk, dtype, nbytes, tflops = (np.full(n, None, dtype=object) for _ in range(4))
+    matmul = (op_idx >= 0) & ((kclass == _GEMM) | (kclass == _ATTENTION))
+    other = (op_idx >= 0) & (kclass == _OTHER)
+    used = distinct(op_idx[matmul | other])
+    if len(used):
+        sig, one = _signatures(ops, used)
+        rep = {c: ops.column(c).take(used[one]).to_pylist() for c in ("name", "dims", "types", "concrete")}
+        shapes = [_shape_flops(*r) for r in zip(rep["name"], rep["dims"], rep["types"], rep["concrete"], strict=True)]
+        group = np.searchsorted(used, op_idx)   # each activity's op among `used` (where it has one)
+
+        a = np.nonzero(matmul)[0]
+        total = np.zeros(len(used), np.int64)
+        np.add.at(total, group[a], dur[a])
+        count = np.bincount(group[a], minlength=len(used))
+        a = a[np.array([f is not None for f in shapes], bool)[sig[group[a]]]]
+        g = group[a]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(total[g] > 0, dur[a] / total[g], 1.0 / count[g])
+        s = sig[g]
+        flops[a] = np.array([f.flops if f is not None else 0.0 for f in shapes], np.float64)[s] * share
+        moved = [f.bytes_moved if f is not None else None for f in shapes]
+        m = np.array([x is not None for x in moved], bool)[s]
+        nbytes[a[m]] = np.array([x or 0.0 for x in moved], np.float64)[s[m]] * share[m]
+        mnk[a] = _objects([f.m_n_k if f is not None else None for f in shapes])[s]
+        dtype[a] = _objects([f.dtype if f is not None else None for f in shapes])[s]
+        tflops[a] = np.array(ops.column("trace_flops").take(op_idx[a]).to_pylist(), dtype=object)
+
+        b = np.nonzero(other)[0]
+        count = np.bincount(group[b], minlength=len(used))
+        tensor = [_tensor_bytes(dims, types) for dims, types in zip(rep["dims"], rep["types"], strict=True)]
+        b = b[np.array([bool(t) for t in tensor], bool)[sig[group[b]]]]
+        nbytes[b] = np.array([t or 0.0 for t in tensor], np.float64)[sig[group[b]]] / count[group[b]]
+    return flops, mnk.tolist(), dtype.tolist(), nbytes.tolist(), tflops.tolist()
 
 
-def _launch_groups(op_idx: list[int | None], kclass: list[str]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """The matmul kernels, and the other compute kernels, that each op launched."""
-    matmul: dict[int, list[int]] = {}
-    other: dict[int, list[int]] = {}
-    for i, (oi, k) in enumerate(zip(op_idx, kclass, strict=True)):
-        if oi is not None:
-            if k in MATMUL_CLASSES:
-                matmul.setdefault(oi, []).append(i)
-            elif k == "other":
-                other.setdefault(oi, []).append(i)
-    return matmul, other
+def _objects(values: list[Any]) -> npt.NDArray[np.object_]:
+    """A 1-d object array of `values`, tuples kept whole (np.array would make them a dimension)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
 
 
-def _steps(con: duckdb.DuckDBPyConnection, file_id: int, acts: dict[str, list[Any]]) -> tuple[Steps, I64]:
-    spans = con.execute(
-        """
-        SELECT DISTINCT name, ts_ns, ts_ns + dur_ns FROM cpu_ops
-        WHERE file_id = ? AND name LIKE 'ProfilerStep#%' ORDER BY ts_ns
-        """,
-        [file_id],
-    ).fetchall()
-    ts = np.asarray(acts["ts"], np.int64)
-    end = np.asarray(acts["end"], np.int64)
+def _signatures(ops: pa.Table, rows: I64) -> tuple[I64, I64]:
+    """For ops `rows`: each one's index among the distinct (name, input dims, input types,
+    concrete inputs) they have, and a position in `rows` of one op of each."""
+    sig = np.zeros(len(rows), np.int64)
+    for c in ("name", "dims", "types", "concrete"):
+        codes = ops.column(c).take(rows).combine_chunks().dictionary_encode(null_encoding="encode").indices
+        code = np.asarray(codes, np.int64)
+        # Both below len(rows): the product stays far inside int64.
+        _, sig = np.unique(sig * (int(code.max()) + 1) + code, return_inverse=True)
+    sig = sig.astype(np.int64)
+    one = np.zeros(int(sig.max()) + 1, np.int64)
+    one[sig] = np.arange(len(sig))   # whichever op of a signature lands: they are all alike
+    return sig, one
+
+
+def _shape_flops(name: str | None, dims: str | None, types: str | None, concrete: str | None) -> flops_mod.OpFlops | None:
+    if dims is None or (name or "").removesuffix("_") not in flops_mod.SUPPORTED_OPS:
+        return None
+    return _op_flops(name or "", dims, types, concrete)
+
+
+def _steps(rows: RankRows, ts: I64, end: I64) -> tuple[Steps, I64]:
+    spans = rows.spans
     n = len(ts)
     if not spans:
         # One window per capture: from the first to the last event of the file.
-        lo_hi = con.execute("SELECT first_ts_ns, last_ts_ns FROM trace_files WHERE file_id = ?", [file_id]).fetchall()[0]
+        lo_hi = rows.meta[4:]
         lo = lo_hi[0] if lo_hi[0] is not None else (int(ts.min()) if n else 0)
         hi = lo_hi[1] if lo_hi[1] is not None else (int(end.max()) if n else 0)
         steps = Steps([0], [lo], [hi], np.array([lo], np.int64), np.array([hi], np.int64), [n], False)
@@ -300,8 +428,8 @@ def _steps(con: duckdb.DuckDBPyConnection, file_id: int, acts: dict[str, list[An
     numbers = [int(m.group(1)) if (m := _STEP_NUMBER.search(s[0])) else i for i, s in enumerate(spans)]
     cpu_start = np.array([s[1] for s in spans], np.int64)
     cpu_end = np.array([s[2] for s in spans], np.int64)
-    launch = np.array([v if v is not None else -1 for v in acts["launch_ts"]], np.int64)
-    has_launch = np.array([v is not None for v in acts["launch_ts"]], bool)
+    launch = _ints(rows.acts.column("launch_ts"))
+    has_launch = _valid(rows.acts.column("launch_ts"))
     idx = np.searchsorted(cpu_start, launch, side="right") - 1
     valid = has_launch & (idx >= 0)
     valid &= launch <= cpu_end[np.clip(idx, 0, None)]
@@ -322,17 +450,6 @@ _ELEM_BYTES = {
     "float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "int": 4, "long int": 8, "long": 8,
     "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "bool": 1, "unsigned char": 1, "signed char": 1,
 }
-
-
-def _memory_bytes(members: dict[int, list[int]], ops: dict[str, list[Any]], nbytes: list[float | None]) -> None:
-    """Bytes a non-matmul kernel must move at least: its op's tensor inputs read once and an output
-    the size of the largest input written once (norms, elementwise, optimizer updates). Split over
-    the op's kernels like FLOPs are. Fills `nbytes` in place where the shapes allow."""
-    for oi, idx in members.items():
-        total = _tensor_bytes(ops["dims"][oi], ops["types"][oi])
-        if total:
-            for i in idx:
-                nbytes[i] = total / len(idx)
 
 
 @functools.lru_cache(maxsize=65536)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diag.nesting import containing, nearest_at_least, parents
+from diag.nesting import containing, distinct, nearest_at_least, parents
 
 
 def stack_parents(tid: list[int], ts: list[int], end: list[int]) -> list[int]:
@@ -73,3 +73,24 @@ def test_nearest_at_least_across_blocks() -> None:
     thr = rng.integers(900, 1001, 400)
     want = [max((j for j in range(a, b) if values[j] >= t), default=-1) for a, b, t in zip(lo, hi, thr, strict=True)]
     assert nearest_at_least(values, lo, hi, thr).tolist() == want
+
+
+def test_parents_of_long_runs() -> None:
+    """Thousands of siblings under one span, and thousands of top-level spans each ending after
+    the last: each op's candidate parent jumps back over many ops, in many passes."""
+    rng = np.random.default_rng(11)
+    ts = np.sort(rng.integers(1, 900_000, 3000))
+    inner = np.minimum(ts + rng.integers(0, 400, 3000), 999_999)
+    tid = [0] * 3001 + [1] * 2000
+    starts = [0, *ts.tolist(), *range(0, 4_000_000, 2000)]
+    ends = [1_000_000, *inner.tolist(), *range(2500, 4_002_500, 2000)]
+    order = np.lexsort((-np.array(ends), np.array(starts), np.array(tid)))
+    t, s, e = (np.array(x)[order].tolist() for x in (tid, starts, ends))
+    assert parents(np.array(t), np.array(e)).tolist() == stack_parents(t, s, e)
+
+
+def test_distinct_is_np_unique() -> None:
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 7, 5000):
+        x = rng.integers(-50, 50, n)
+        assert distinct(x).tolist() == np.unique(x).tolist()

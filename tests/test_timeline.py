@@ -1,0 +1,82 @@
+"""Timelines read ahead (timeline.load_ranks, which analyze maps through engine.map_ranks): the
+same timelines, digests and rows as one file at a time, in order; the second connection and the
+reading thread end with the iteration, also when it is left early."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from diag import store
+from diag.engine import map_rank, map_ranks
+from diag.ingest.pipeline import IngestOptions, ingest
+from diag.timeline import load_rank, load_ranks, rank_files
+from fixtures.generate import generate
+from rules import RULES
+
+
+@pytest.fixture(scope="module")
+def con(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    d: Path = tmp_path_factory.mktemp("healthy")
+    generate("healthy", d, steps=2, world_size=4)
+    c = store.connect(None)
+    result = ingest([str(d)], c, IngestOptions(jobs=1))
+    assert len(result.ingested) == 4, [e.one_line() for e in result.errors]
+    return c
+
+
+def assert_same(a: Any, b: Any, path: str) -> None:
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b), path
+    elif isinstance(a, pa.Table):
+        assert a.equals(b), path
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, tuple):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+def test_read_ahead_gives_the_timelines_of_one_file_at_a_time(con: Any) -> None:
+    files = rank_files(con)
+    ahead = list(load_ranks(con, files))
+    assert [tl.file_id for tl in ahead] == files
+    for tl in ahead:
+        alone = load_rank(con, tl.file_id)
+        assert_same(tl, alone, f"file {tl.file_id}")
+        for column in ("source", "name", "stream", "correlation", "launch_ts_ns", "launch_end_ns", "launch_tid"):
+            assert getattr(tl, column) == getattr(alone, column) and len(getattr(tl, column)) == len(tl), column
+    assert "kernel" in ahead[0].source and ahead[0].kclass.dtype == object
+
+
+def test_map_ranks_equals_map_rank(con: Any) -> None:
+    rules = [r() for r in RULES]
+    files = rank_files(con)
+    for f, (digest, rows) in zip(files, map_ranks(con, files, rules, None), strict=True):
+        one_digest, one_rows = map_rank(con, f, rules, None)
+        assert pickle.dumps(digest) == pickle.dumps(one_digest)
+        assert rows.keys() == one_rows.keys()
+        for table, data in rows.items():
+            assert data.equals(one_rows[table]), table
+
+
+def test_leaving_early_ends_the_reading_thread(con: Any) -> None:
+    files = rank_files(con)
+    before = set(threading.enumerate())
+    timelines = load_ranks(con, files)
+    assert next(timelines).file_id == files[0]
+    assert [t for t in set(threading.enumerate()) - before if t.name.startswith("diag-read")]
+    timelines.close()
+    assert not set(threading.enumerate()) - before
+    assert list(load_ranks(con, [])) == []
+    assert con.execute("SELECT count(*) FROM kernels").fetchall()[0][0] > 0
