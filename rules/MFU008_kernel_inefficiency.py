@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from diag.analysis import Finding, RankContext, RunContext, severity
 from rules.base import Rule
 
@@ -60,20 +62,24 @@ class KernelInefficiency(Rule[Params]):
         lost_by_step: dict[tuple[int, int], float] = defaultdict(float)
         by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
         evidence: dict[str, list[str]] = defaultdict(list)
-        for i, nbytes in enumerate(tl.bytes_moved):
-            if tl.kclass[i] != "other" or not nbytes or tl.step_of[i] < 0:
-                continue
-            dur = (tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
-            ideal = nbytes / (hbm * 1e9)
-            if dur <= 0 or ideal / dur >= self.params.min_bw_fraction:
-                continue
-            lost_by_step[(tl.file_id, int(tl.step_of[i]))] += dur - ideal
-            row = by_name[tl.name[i]]
+        # Which kernels are slow, decided over whole columns; the sums below then run over those
+        # alone, in activity order, so each float is added as it always was.
+        nbytes = np.array([b or 0.0 for b in tl.bytes_moved], dtype=np.float64)
+        dur = (tl.end_ns - tl.ts_ns) * 1e-9
+        ideal = nbytes / (hbm * 1e9)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slow = (tl.kclass == "other") & (nbytes != 0) & (tl.step_of >= 0) & (dur > 0) & \
+                (ideal / dur < self.params.min_bw_fraction)
+        names = tl.name
+        for i in np.flatnonzero(slow).tolist():
+            lost = float(dur[i] - ideal[i])
+            lost_by_step[(tl.file_id, int(tl.step_of[i]))] += lost
+            row = by_name[names[i]]
             row[0] += 1
-            row[1] += dur
-            row[2] += dur - ideal
-            if len(evidence[tl.name[i]]) < EVIDENCE:
-                evidence[tl.name[i]].append(f"act:{tl.file_id}:{i}")
+            row[1] += float(dur[i])
+            row[2] += lost
+            if len(evidence[names[i]]) < EVIDENCE:
+                evidence[names[i]].append(f"act:{tl.file_id}:{i}")
         # Plain dicts: a digest may cross processes (pickled), and defaultdicts of lambdas cannot.
         return SlowKernelDigest(dict(lost_by_step), dict(by_name), dict(evidence))
 
