@@ -219,7 +219,7 @@ def _in_process(
     explicit: list[str], seen: dict[str, str],
 ) -> Iterator[tuple[str, Outcome]]:
     # One file at a time here, so a big one may take both halves of a two-core machine (--jobs 1: not).
-    split = (opts.jobs or os.cpu_count() or 1) > 1
+    split = hasattr(os, "fork") and (opts.jobs or os.cpu_count() or 1) > 1
     for path in files:
         try:
             with store.FileWriter(con) as w:
