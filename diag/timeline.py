@@ -45,6 +45,15 @@ class Steps:
     from_profiler_step: bool
 
 
+
+def _listed(column: str, strings: bool = False) -> functools.cached_property[list[Any]]:
+    """A RankTimeline attribute: one of its `acts` columns as a Python list, made once."""
+    def read(tl: RankTimeline) -> list[Any]:
+        col = tl.acts.column(column)
+        return _strings(col) if strings else col.to_pylist()
+
+    return functools.cached_property(read)
+
 @dataclass
 class RankTimeline:
     """One rank's capture window: its GPU activities (sorted by start) and steps."""
@@ -82,38 +91,15 @@ class RankTimeline:
     def __len__(self) -> int:
         return len(self.ts_ns)
 
-    @functools.cached_property
-    def source(self) -> list[str]:
-        """'kernel' | 'memcpy' | 'memset'"""
-        return _strings(self.acts.column("source"))
-
-    @functools.cached_property
-    def name(self) -> list[str]:
-        return _strings(self.acts.column("name"))
-
-    @functools.cached_property
-    def stream(self) -> list[int | None]:
-        return self.acts.column("stream").to_pylist()
-
-    @functools.cached_property
-    def correlation(self) -> list[int | None]:
-        return self.acts.column("correlation").to_pylist()
-
-    @functools.cached_property
-    def launch_ts_ns(self) -> list[int | None]:
-        return self.acts.column("launch_ts").to_pylist()
-
-    @functools.cached_property
-    def launch_end_ns(self) -> list[int | None]:
-        return self.acts.column("launch_end").to_pylist()
-
-    @functools.cached_property
-    def launch_tid(self) -> list[int | None]:
-        return self.acts.column("launch_tid").to_pylist()
-
-    @functools.cached_property
-    def external_id(self) -> list[int | None]:
-        return self.acts.column("ext").to_pylist()
+    # Lists of `acts` columns, made on first use: the rules and tests read them by index.
+    source = _listed("source", strings=True)   # 'kernel' | 'memcpy' | 'memset'
+    name = _listed("name", strings=True)
+    stream = _listed("stream")
+    correlation = _listed("correlation")
+    launch_ts_ns = _listed("launch_ts")
+    launch_end_ns = _listed("launch_end")
+    launch_tid = _listed("launch_tid")
+    external_id = _listed("ext")
 
 
 # Kernel classes by index: an activity's class is held as its index into CLASSES while the
