@@ -49,15 +49,42 @@ def test_split_ingest_equals_one_process_on_real_traces() -> None:
 
 
 @pytest.mark.usefixtures("split_everything")
-def test_a_split_inside_a_string_is_found_out_and_read_through(tmp_path: Path) -> None:
+def test_a_split_inside_a_string_is_found_out_and_read_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The middle of the events falls in a name full of `}, {`: the first boundary after it is
-    not an event boundary. This process reads on past it; the child's half is dropped."""
+    not an event boundary. The child is stopped when this process reaches it, and this process
+    reads on; the child's half is never asked for."""
+    asked: list[str] = []
+    cancel = SecondHalf.cancel
+
+    def tables(self: SecondHalf, info: kineto.KinetoFile, bad: list[int]) -> Iterator[dict[str, pa.Table]]:
+        asked.append("tables")
+        return iter(())
+
+    def cancel_running(self: SecondHalf) -> None:
+        if self.pid:   # a child still running, not the no-op on leaving the block
+            asked.append("cancel")
+        cancel(self)
+
+    read = kineto._range
+    parent = os.getpid()
+
+    def read_range(path: str, info: kineto.KinetoFile, mv: memoryview, pos: int, end: int, *rest: Any) -> Any:
+        if os.getpid() == parent:
+            asked.append("read" if pos < end else "nothing left")
+        return read(path, info, mv, pos, end, *rest)
+
+    monkeypatch.setattr(SecondHalf, "tables", tables)
+    monkeypatch.setattr(SecondHalf, "cancel", cancel_running)
+    monkeypatch.setattr(kineto, "_range", read_range)
     events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
                "args": {"External id": i}} for i in range(40)]
     events[20]["name"] = '"}, {"ph": "X"' * 2000
     f = tmp_path / "rank-0.json"
     f.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
     got = snapshot(f, split=True)
+    # This process reads to the split, stops the child there, then reads the rest (not: reads
+    # through to the end and only then stops the child).
+    assert asked == ["read", "cancel", "read"]
     assert got == snapshot(f, split=False)
     assert len(got["cpu_ops"]) == 40
 

@@ -37,7 +37,11 @@ class SecondHalf:
     def __init__(self, parse: Parse) -> None:
         self.parse = parse
         self.dir = tempfile.mkdtemp(prefix="diag-half-")
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         if self.pid == 0:
             self._child()
 
@@ -84,8 +88,13 @@ class SecondHalf:
     def __enter__(self) -> SecondHalf:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self.pid:   # left before the child's tables were wanted: it has nothing more to do
+    def cancel(self) -> None:
+        """End the child: its tables will not be wanted."""
+        if self.pid:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
+            self.pid = 0
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.cancel()   # left before the child's tables were wanted: it has nothing more to do
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -226,14 +226,21 @@ def _chunks(
         from diag.ingest.forked import SecondHalf
 
         stop, start = _cut(mv, pos, end, (end - pos) // 2)
-        half = SecondHalf(lambda inf, b: _range(path, inf, mv, start, end, chunk_bytes, release, b))
+        try:
+            half = SecondHalf(lambda inf, b: _range(path, inf, mv, start, end, chunk_bytes, release, b))
+        except OSError:   # no second process to be had (memory, a process limit): one reads it all
+            half = None
     with half if half is not None else nullcontext():
         stopped = yield from _range(path, info, mv, pos, end, chunk_bytes, release, bad,
                                     None if half is None else stop)
-        # Where this process stopped at the split, the child's tables follow in order; had the
-        # split fallen inside a string, this process read on to the end and the child's are dropped.
-        if half is not None and stopped == stop:
-            yield from half.tables(info, bad)
+        if half is not None:
+            if stopped == stop:   # the child's tables follow this process's, in order
+                yield from half.tables(info, bad)
+            else:
+                # The split is not between two events (it fell inside a string): the child began
+                # mid-event. Stop it now, not at the end, and read the rest here.
+                half.cancel()
+                yield from _range(path, info, mv, stopped, end, chunk_bytes, release, bad)
     if bad[0]:
         info.warnings.append(f"{bad[0]} typed values were of an unexpected type or out of range; kept raw, typed what fit")
     if info.partial:
@@ -246,8 +253,8 @@ def _range(
     path: str, info: KinetoFile, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
     bad: list[int], stop: int | None = None,
 ) -> Generator[dict[str, pa.Table], None, int]:
-    """The events in mv[pos:end], chunk by chunk; with `stop`, it ends there if `stop` turns out
-    to end a whole event. Returns where it ended."""
+    """The events in mv[pos:end], chunk by chunk; with `stop`, it ends there, or just before
+    where `stop` turns out not to end a whole event. Returns where it ended."""
     while pos < end:
         limit = stop if stop is not None and pos < stop else end
         cut, nxt = _cut(mv, pos, limit, chunk_bytes)
@@ -258,6 +265,8 @@ def _range(
                     evs = _typed_events(piece, bad)
                     break
                 except msgspec.DecodeError:
+                    if cut == stop:
+                        return pos
                     if cut >= end:
                         raise BadInput(path, f"events from byte {pos} do not decode as a list") from None
                     # The boundary fell inside a string or a nested object: take the next one.
