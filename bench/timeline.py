@@ -39,7 +39,8 @@ def main() -> int:
     import orjson
 
     from diag import store
-    from diag.collectives import clock_offsets, match, wait_intervals
+    from diag.clocks import clock_offsets
+    from diag.collectives import match, wait_intervals
     from diag.engine import map_ranks
     from diag.ingest.pipeline import IngestOptions, ingest
     from diag.states import with_waits

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.collectives import ClockOffset, Matched
+from diag.clocks import ClockOffset
+from diag.collectives import Matched
 from diag.digest import RankDigest
 from diag.ledger import StepLedger
 from diag.states import StepStates

@@ -7,16 +7,13 @@ with each rank's wait for the last arrival, and the clock offset of every rank.
   process group on each rank.
 - The last rank to arrive has the shortest kernel; every other rank's extra duration is waiting
   for it (DESIGN.md). This needs no clock alignment.
-- Clocks: the ends of one instance are simultaneous on all ranks to within microseconds, so
-  each rank's offset is the median over shared instances of (reference end − its end), chained
-  from the lowest rank through the process groups that connect the ranks.
+- Clock offsets are solved from the matched instances in clocks.py.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import duckdb
@@ -171,56 +168,12 @@ def match(calls: Iterable[Call]) -> list[Matched]:
     return out
 
 
-@dataclass(frozen=True)
-class ClockOffset:
-    rank: int
-    offset_ns: int
-    n_matches: int
-    spread_ns: int
-    linked: bool = True   # False: no collective or send/recv connects this rank to the reference
-
-
-def clock_offsets(matched: list[Matched], ranks: Iterable[int]) -> dict[int, ClockOffset]:
-    by_key: dict[str, list[Call]] = defaultdict(list)
-    for m in matched:
-        if m.n_matched >= 2:
-            by_key[m.instance].append(m.call)
-    pair: dict[tuple[int, int], list[int]] = defaultdict(list)   # (ref, other) → ref_end − other_end
-    for members in by_key.values():
-        ends = {c.rank: c.end_ns for c in members}
-        ref = min(ends)
-        for r, e in ends.items():
-            if r != ref:
-                pair[(ref, r)].append(ends[ref] - e)
-    all_ranks = sorted(set(ranks))
-    result: dict[int, ClockOffset] = {}
-    if not all_ranks:
-        return result
-    edges: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)
-    for (a, b), d in pair.items():
-        med = int(statistics.median(d))
-        mad = int(statistics.median([abs(x - med) for x in d]))
-        edges[a].append((b, med, len(d), mad))
-        edges[b].append((a, -med, len(d), mad))
-    for root in all_ranks:
-        if root in result:
-            continue
-        result[root] = ClockOffset(root, 0, 0, 0, linked=root == all_ranks[0])
-        queue = [root]
-        while queue:
-            a = queue.pop(0)
-            for b, med, n, mad in sorted(edges[a], key=lambda e: -e[2]):
-                if b not in result:
-                    result[b] = ClockOffset(b, result[a].offset_ns + med, n, mad)
-                    queue.append(b)
-    return result
-
-
-def collective_rows(matched: list[Matched], offsets: dict[int, ClockOffset]) -> Iterator[tuple]:  # type: ignore[type-arg]
-    """The collectives table's rows, one per call, made as they are consumed."""
+def collective_rows(matched: list[Matched], offsets_ns: Mapping[int, int]) -> Iterator[tuple]:  # type: ignore[type-arg]
+    """The collectives table's rows, one per call, made as they are consumed; times aligned by each
+    rank's clock offset (clocks.py)."""
     for m in matched:
         c = m.call
-        off = offsets[c.rank].offset_ns if c.rank in offsets else 0
+        off = offsets_ns.get(c.rank, 0)
         dur = c.end_ns - c.ts_ns
         transfer = max(dur - m.wait_ns, 0)
         algbw = c.msg_bytes / transfer if c.msg_bytes and transfer > 0 else None  # bytes/ns = GB/s

@@ -16,7 +16,8 @@ import pyarrow as pa
 from diag import hardware, rank_map, store, tables
 from diag import model as model_mod
 from diag.analysis import Finding, Peak, RankContext, RunContext, StepContext
-from diag.collectives import clock_offsets, match, wait_intervals
+from diag.clocks import clock_notes, clock_offsets
+from diag.collectives import match, wait_intervals
 from diag.digest import RankDigest, digest_rank
 from diag.errors import BadInput
 from diag.executor import Executor
@@ -147,6 +148,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     run = RunContext(ranks, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed)
     if host:
         run.notes.append(HOST_NOTE)
+    run.notes.extend(clock_notes(offsets))
     if mfu is None:
         run.notes.append("without model FLOPs at a known peak the compute time is not split: "
                          "gemm_inefficiency holds all GEMM/attention time, non_matmul the rest")

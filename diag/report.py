@@ -49,6 +49,8 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "findings": [_finding(f) for f in a.findings],
         "clock_offsets_us": {str(r): o.offset_ns / 1000 if o.linked else None for r, o in sorted(run.offsets.items())},
         "clock_offset_spread_us": {str(r): o.spread_ns / 1000 for r, o in sorted(run.offsets.items())},
+        "clock_offset_residual_us": {str(r): o.residual_ns / 1000 for r, o in sorted(run.offsets.items())},
+        "clock_offset_residual_max_us": {str(r): o.residual_max_ns / 1000 for r, o in sorted(run.offsets.items())},
         "model": None if a.model is None else {"name": a.model.name, "params": a.model.params,
                                                "tokens_per_step": a.model.tokens_per_step},
         "flops_source": a.flops_source,

@@ -72,10 +72,10 @@ def insert_rank_rows(con: duckdb.DuckDBPyConnection, rows: dict[str, pa.Table]) 
 def write_run(con: duckdb.DuckDBPyConnection, run: RunContext) -> None:
     """The collectives, clock offsets, per-step states and the ledger."""
     con.execute(store.sql_text("analysis.sql"))
-    _insert_batches(con, "collectives", collective_rows(run.matched, run.offsets))
+    _insert_batches(con, "collectives", collective_rows(run.matched, {r: o.offset_ns for r, o in run.offsets.items()}))
     store.insert_rows(
         con, "clock_offsets",
-        [(o.rank, o.offset_ns, o.n_matches, o.spread_ns) for o in run.offsets.values()],
+        [(o.rank, o.offset_ns, o.n_matches, o.spread_ns, o.residual_ns) for o in run.offsets.values()],
     )
     step_no = {(r.file_id, i): r.steps.step[i] for r in run.ranks for i in range(len(r.steps.step))}
     rank_of = {r.file_id: r.rank for r in run.ranks}

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from diag.analysis import Finding, RunContext, StepContext, severity
 from diag.ledger import StepLedger
+from diag.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, UNKNOWN, detect_layout
 from rules.base import Rule
 
 
@@ -22,7 +22,9 @@ class PipelineBubble(Rule[Params]):
     What it finds: time a pipeline stage's GPU spends with only point-to-point (send/recv)
     kernels running — waiting for activations or gradients from its neighbour stage — measured
     against the schedule's ideal bubble (p−1)/(m+p−1) of the step for p stages and m microbatches
-    (÷ v with v interleaved virtual stages).
+    (÷ v with v interleaved virtual stages). p, m and the schedule (GPipe, 1F1B, interleaved) are
+    read from the send/recv pattern: the chain of peers, the transfers per channel per step, and
+    the order of sends and receives on the last stage (diag/pipeline.py).
 
     Why it costs MFU: during fill and drain a stage holds its GPU but has no microbatch to work
     on; with few microbatches per stage the bubble is a large share of every step.
@@ -45,17 +47,29 @@ class PipelineBubble(Rule[Params]):
         frac = run.mean_fraction("pipeline_bubble")
         if frac < self.params.min_fraction:
             return []
-        p, m = _layout(run)
-        ideal = (p - 1) / (m + p - 1) if p and m else None
+        layout = detect_layout(m.call for m in run.matched)
         ranks, steps = run.involved("pipeline_bubble", self.params.min_fraction)
-        detail = {"measured_fraction": frac, "stages_p": p, "microbatches_m": m, "ideal_fraction": ideal}
-        if ideal is not None and p is not None and m is not None:
-            gain_m = (p - 1) / (2 * m + p - 1)
-            summary = (f"pipeline bubble {frac:.1%} of the step; p={p}, m={m}: the schedule's ideal is "
-                       f"(p-1)/(m+p-1) = {ideal:.1%}; doubling m would make it {gain_m:.1%}")
-            detail["ideal_with_2m"] = gain_m
+        summary = f"pipeline bubble {frac:.1%} of the step"
+        detail: dict[str, object] = {"measured_bubble": frac}
+        ideal = layout.theoretical_bubble if layout else None
+        if layout is not None:
+            detail.update(stages=layout.stages, microbatches=layout.microbatches, schedule=layout.schedule,
+                          virtual_stages=layout.virtual_stages, pipelines=layout.replicas,
+                          theoretical_bubble=ideal, layout_from=layout.how)
+        if layout is not None and ideal is not None and layout.microbatches:
+            p, m, v = layout.stages, layout.microbatches, layout.virtual_stages
+            doubled = layout.bubble_with(2 * m)
+            formula = "(p-1)/(m+p-1)" + (f"/v, v={v}" if v > 1 else "")
+            gap = (frac - ideal) * 100
+            summary += (f"; {p} stages, {m} microbatches per step, {_SCHEDULE_NAMES[layout.schedule]}: the "
+                        f"schedule's ideal is {formula} = {ideal:.1%}, measured {abs(gap):.1f} points "
+                        f"{'above' if gap >= 0 else 'below'} it; doubling m would make it {doubled:.1%}")
+            detail.update(bubble_vs_theoretical_points=gap, theoretical_with_2m=doubled)
+        elif layout is not None:
+            found = f"{layout.stages} stages" if layout.stages else "stages"
+            summary += f" ({found} found, microbatches not detected: {layout.how})"
         else:
-            summary = f"pipeline bubble {frac:.1%} of the step (stages and microbatches not detected)"
+            summary += " (no send/recv with a known direction and peer: stages and microbatches not detected)"
         if ideal is not None and frac > 1.5 * ideal + 0.02:
             advice = ("the bubble is well above the schedule's ideal: stages are unbalanced or a stage "
                       "waits on something else; balance layers across stages, then raise microbatches")
@@ -69,44 +83,4 @@ class PipelineBubble(Rule[Params]):
         )]
 
 
-def _layout(run: RunContext) -> tuple[int | None, int | None]:
-    """Stages p from the chain of 2-rank point-to-point groups; microbatches m from the sends of
-    the first stage per step (one activation send per microbatch)."""
-    edges: dict[int, set[int]] = defaultdict(set)
-    for mt in run.matched:
-        c = mt.call
-        if c.collective == "sendrecv" and c.group_ranks:
-            members = [int(r) for r in c.group_ranks.split(",")]
-            if len(members) == 2:
-                a, b = members
-                edges[a].add(b)
-                edges[b].add(a)
-    if not edges:
-        return None, None
-    seen: set[int] = set()
-    longest = 0
-    ends = [r for r, nb in edges.items() if len(nb) == 1]
-    for start in ends:
-        if start in seen:
-            continue
-        length, prev, cur = 1, None, start
-        seen.add(cur)
-        while True:
-            nxt = [n for n in edges[cur] if n != prev]
-            if not nxt:
-                break
-            prev, cur = cur, nxt[0]
-            seen.add(cur)
-            length += 1
-        longest = max(longest, length)
-    first = min(r for r, nb in edges.items() if len(nb) == 1) if ends else None
-    if first is None:
-        return longest or None, None
-    per_step: dict[int | None, int] = defaultdict(int)
-    for mt in run.matched:
-        if mt.call.rank == first and mt.call.collective == "sendrecv":
-            per_step[mt.call.step] += 1
-    counts = [n for s, n in per_step.items() if s is not None]
-    # The first stage sends activations forward and receives gradients back: two calls per microbatch.
-    m = (max(counts) // 2) if counts else None
-    return longest, m or None
+_SCHEDULE_NAMES = {GPIPE: "GPipe", ONE_F_ONE_B: "1F1B", INTERLEAVED: "interleaved 1F1B", UNKNOWN: "schedule unknown"}

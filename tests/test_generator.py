@@ -294,7 +294,7 @@ def collective_kernels(run: Run) -> Iterator[tuple[tuple[str, int], int, int, in
 
 def test_clock_offsets_align_collective_ends(run: Run) -> None:
     offsets = {r["rank"]: r["clock_offset_ns"] for r in run.truth["ranks"]}
-    assert offsets[0] == 0 and max(abs(o) for o in offsets.values()) <= 2_000_000
+    assert offsets[0] == 0 and max(abs(o) for o in offsets.values()) <= run.scenario.max_clock_skew_us * 1000
     # Without data parallelism or pipelining (thin_gemm: tp = world) nothing links the clocks.
     linked = {r["rank"] for r in run.truth["ranks"] if r["clock_linked"]}
     assert linked == (set(run.traces) if run.scenario.tp < run.scenario.world_size else {0})

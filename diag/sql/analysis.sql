@@ -30,12 +30,14 @@ CREATE OR REPLACE TABLE collectives (
     busbw_gbps   DOUBLE        -- algbw × NCCL's bus factor (all-reduce 2(n-1)/n, ...)
 );
 
--- Clock offset of each rank against the reference rank (the lowest), from matched collective ends.
+-- Clock offset of each rank against the reference rank (the lowest), from the ends of matched
+-- collectives and send/recv pairs (clocks.py).
 CREATE OR REPLACE TABLE clock_offsets (
-    rank       INTEGER,
-    offset_ns  BIGINT,         -- add to this rank's times to put them on the reference clock
-    n_matches  INTEGER,        -- matched collective instances behind the estimate
-    spread_ns  BIGINT          -- median absolute deviation of the per-instance estimates
+    rank         INTEGER,
+    offset_ns    BIGINT,       -- add to this rank's times to put them on the reference clock
+    n_matches    INTEGER,      -- matched instances behind the estimate that linked this rank
+    spread_ns    BIGINT,       -- median absolute deviation of those per-instance estimates
+    residual_ns  BIGINT        -- median |estimate − solution| over every estimate involving this rank
 );
 
 -- Per rank and step: the four GPU states and the measures the ledger claims from.
