@@ -84,7 +84,7 @@ class RunContext:
     mfu: float | None
     hfu: float | None
     world_size: int
-    exposed_ns: dict[tuple[int, int], int]       # (file_id, activity index) → comm time with no compute beside it
+    exposed_ns: dict[tuple[int, int], int]       # (file_id, activity index) → comm time with no compute beside it, less the wait for the last rank
     notes: list[str] = field(default_factory=list)
 
     def mean_fraction(self, bucket: str) -> float:

@@ -17,12 +17,12 @@ from diag import hardware, rank_map, store, tables
 from diag import model as model_mod
 from diag.analysis import Finding, Peak, RankContext, RunContext, StepContext
 from diag.clocks import clock_notes, clock_offsets
-from diag.collectives import match, wait_intervals
+from diag.collectives import Matched, match, wait_intervals
 from diag.digest import RankDigest, digest_rank
 from diag.errors import BadInput
 from diag.executor import Executor
 from diag.ledger import StepLedger
-from diag.states import I64, StepStates, with_waits
+from diag.states import I64, StepStates, covered_ns, with_waits
 from diag.timeline import RankTimeline, load_rank, load_ranks, rank_files
 from rules import RULES
 from rules.base import Rule
@@ -135,6 +135,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
                               waits.get((r.rank, r.capture_window), none))
         states.update({(r.file_id, i): st for i, st in enumerate(per_step)})
         exposed.update({(r.file_id, i): v for i, v in r.exposed_ns.items()})
+    _take_out_waits(exposed, ranks, matched)
 
     flops_source = _model_flops(ranks, states, spec, world)
     ledgers = [_ledger(r, i, states[(r.file_id, i)], peak, rules) for r in ranks for i in range(len(r.steps.step))]
@@ -169,6 +170,26 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     findings = sorted((f for r in rules for f in r.findings(run)), key=lambda f: (-f.lost_fraction, f.code))
     tables.write_run(con, run)
     return Analysis(run, findings, spec, flops_source)
+
+
+def _take_out_waits(exposed: dict[tuple[int, int], int], ranks: list[RankDigest], matched: list[Matched]) -> None:
+    """Each collective's exposed time less its exposed wait for the last rank: the transfer part
+    MFU001 speaks of (the wait is MFU005's straggler time, measured on the same waitable runs)."""
+    waiting: dict[int, list[Matched]] = defaultdict(list)
+    for m in matched:
+        if m.wait_ns > 0:
+            waiting[m.call.file_id].append(m)
+    for r in ranks:
+        ms = waiting.get(r.file_id)
+        if not ms:
+            continue
+        start = np.asarray([m.call.ts_ns for m in ms], np.int64)
+        waited = covered_ns(start, start + np.asarray([m.wait_ns for m in ms], np.int64),
+                            r.waitable.start_ns, r.waitable.end_ns)
+        for m, w in zip(ms, waited.tolist(), strict=True):
+            key = (r.file_id, m.call.act)
+            if key in exposed:
+                exposed[key] = max(exposed[key] - w, 0)
 
 
 HOST_NOTE = (

@@ -20,17 +20,23 @@ class Link:
     key: str
     name: str
     gbps: float  # GB/s per GPU, one direction
+    step_us: float | None = None  # NCCL's latency per ring step over this link (None: not a NCCL link)
 
 
-# DESIGN.md's figures, one direction per GPU.
+# DESIGN.md's figures, one direction per GPU. Per-step latencies: NCCL's cost model (NVIDIA/nccl
+# src/graph/tuning.cc, hwLat, Ring with the LL protocol, its fastest for small messages): NVLink
+# 0.47 µs, PCIe 1.0 µs, network 2.7 µs per ring step.
 LINKS: Mapping[str, Link] = MappingProxyType(
     {
         "hbm3": Link("hbm3", "HBM3 (H100 SXM)", 3350.0),  # H100 SXM datasheet: 3.35 TB/s
-        "nvlink4": Link("nvlink4", "NVLink 4 (H100/H200 SXM)", 450.0),  # 900 GB/s bidirectional
-        "ib-ndr": Link("ib-ndr", "InfiniBand NDR 400 Gb/s", 50.0),  # one 400 Gb/s NIC per GPU
-        "pcie5": Link("pcie5", "PCIe Gen5 x16", 64.0),  # 128 GB/s bidirectional
+        "nvlink4": Link("nvlink4", "NVLink 4 (H100/H200 SXM)", 450.0, 0.47),  # 900 GB/s bidirectional
+        "ib-ndr": Link("ib-ndr", "InfiniBand NDR 400 Gb/s", 50.0, 2.7),  # one 400 Gb/s NIC per GPU
+        "pcie5": Link("pcie5", "PCIe Gen5 x16", 64.0, 1.0),  # 128 GB/s bidirectional
     }
 )
+
+# The same model's fixed cost of a ring collective with the LL protocol (tuning.cc, baseLat): 6.6 µs.
+NCCL_BASE_US = 6.6
 
 
 # NCCL kernel / c10d "Collective name" spellings -> one name per collective. Order matters:
@@ -75,3 +81,38 @@ def bus_factor(collective: str, n: int) -> float:
     if kind in ("broadcast", "reduce", "sendrecv"):
         return 1.0
     raise ValueError(f"no bus-bandwidth factor for collective {collective!r}")
+
+
+def ring_steps(collective: str, n: int) -> int:
+    """Steps a ring takes for n ranks (tuning.cc's nsteps): all-reduce 2(n-1), all-gather,
+    reduce-scatter and all-to-all n-1, broadcast and reduce n-1 hops down the chain, send/recv 1."""
+    kind = normalize_collective(collective)
+    if kind == "allreduce":
+        return 2 * (n - 1)
+    if kind == "sendrecv":
+        return 1
+    if kind is None:
+        raise ValueError(f"no ring model for collective {collective!r}")
+    return n - 1
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What a collective of this size can do on a link, by the α-β model: T = α + volume / bandwidth."""
+
+    latency_s: float      # α: NCCL_BASE_US + ring_steps × the link's step latency
+    transfer_s: float     # β term: the bus volume S × bus_factor at the link's bandwidth
+    busbw_gbps: float     # the best bus bandwidth such a call can show: volume / (α + β)
+
+    @property
+    def latency_bound(self) -> bool:
+        """The fixed cost outweighs the bytes: bandwidth says nothing about the link."""
+        return self.latency_s >= self.transfer_s
+
+
+def reach(collective: str, n: int, msg_bytes: int, link: Link, gbps: float | None = None) -> Reach:
+    """`gbps` overrides the link's bandwidth (the identified part's NVLink, say)."""
+    volume = msg_bytes * bus_factor(collective, n)
+    alpha = (NCCL_BASE_US + ring_steps(collective, n) * (link.step_us or 0.0)) * 1e-6
+    beta = volume / ((gbps or link.gbps) * 1e9)
+    return Reach(alpha, beta, volume / (alpha + beta) / 1e9)

@@ -180,19 +180,25 @@ def exposed_comm_ns(tl: RankTimeline) -> dict[int, int]:
     if not comm.any():
         return {}
     cs, ce = _union(tl.ts_ns[kernel & ~comm], tl.end_ns[kernel & ~comm])
-    covered_before = np.concatenate([[0], np.cumsum(ce - cs)])
-
-    def coverage(t: I64) -> I64:
-        """Length of the compute union before each time t."""
-        j = np.searchsorted(cs, t, side="right")          # intervals starting at or before t
-        full = covered_before[np.clip(j - 1, 0, None)]
-        partial = np.where(j > 0, np.minimum(t, ce[np.clip(j - 1, 0, None)]) - cs[np.clip(j - 1, 0, None)], 0)
-        return np.where(j > 0, full + np.clip(partial, 0, None), 0)
-
     idx = np.nonzero(comm)[0]
     s, e = tl.ts_ns[idx], tl.end_ns[idx]
-    overlap = coverage(e) - coverage(s) if len(cs) else np.zeros(len(idx), np.int64)
-    return {int(i): int(v) for i, v in zip(idx, (e - s) - overlap, strict=True)}
+    return {int(i): int(v) for i, v in zip(idx, (e - s) - covered_ns(s, e, cs, ce), strict=True)}
+
+
+def covered_ns(s: I64, e: I64, us: I64, ue: I64) -> I64:
+    """How much of each [s, e) the sorted disjoint intervals [us, ue) cover."""
+    if not len(us):
+        return np.zeros(len(s), np.int64)
+    covered_before = np.concatenate([[0], np.cumsum(ue - us)])
+
+    def coverage(t: I64) -> I64:
+        """Length of the union before each time t."""
+        j = np.searchsorted(us, t, side="right")          # intervals starting at or before t
+        full = covered_before[np.clip(j - 1, 0, None)]
+        partial = np.where(j > 0, np.minimum(t, ue[np.clip(j - 1, 0, None)]) - us[np.clip(j - 1, 0, None)], 0)
+        return np.where(j > 0, full + np.clip(partial, 0, None), 0)
+
+    return coverage(e) - coverage(s)
 
 
 def _union(s: I64, e: I64) -> tuple[I64, I64]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from diag.analysis import Finding, RunContext, StepContext, severity
 from diag.ledger import StepLedger
-from diag.links import LINKS, bus_factor, normalize_collective
+from diag.links import LINKS, Link, Reach, bus_factor, normalize_collective, reach
 from rules.base import Rule
 
 
@@ -15,9 +15,9 @@ from rules.base import Rule
 class Params:
     # Under 1% of the step, exposed communication is the unavoidable tail of the last bucket.
     min_fraction: float = 0.01
-    # Collectives are grouped by size in powers of two of this base (1 MiB, 2 MiB, ...).
-    size_base_bytes: int = 1 << 20
     top_groups: int = 12
+    # Bus bandwidth under this share of what the message size can reach on its link is slow.
+    slow_vs_reach: float = 0.5
 
 
 class ExposedCollectives(Rule[Params]):
@@ -26,8 +26,10 @@ class ExposedCollectives(Rule[Params]):
     What it finds: time the GPU runs only communication kernels — no compute beside them —
     after the wait for late ranks (MFU005) and pipeline send/recv (MFU002) are taken out: the
     transfer part of exposed collectives. Grouped by process group, collective and size, with the
-    bus bandwidth each achieved against the link it should run on (NVLink inside a node, the
-    network across nodes).
+    bus bandwidth each achieved against what a message of that size can reach on the link it
+    should run on (NVLink inside a node, the network across nodes): NCCL's fixed cost per call plus
+    the bytes at the link's bandwidth (diag/links.py `reach`). A small message is latency-bound and
+    gets no bandwidth verdict.
 
     Why it costs MFU: while a collective runs alone the tensor cores are idle; overlapping it
     with the backward pass (or the next layer's forward) hides it entirely.
@@ -35,7 +37,8 @@ class ExposedCollectives(Rule[Params]):
     What to do: overlap gradient reduction with backward (DDP `bucket_cap_mb`, Megatron
     `--overlap-grad-reduce`/`--overlap-param-gather`, FSDP `backward_prefetch=BACKWARD_PRE`,
     `forward_prefetch=True`), tensor-parallel overlap (`--tp-comm-overlap`); when bus bandwidth
-    is far below the link, check NCCL's topology and algorithm (NCCL_DEBUG=INFO, NCCL_ALGO).
+    is far below what the size can reach, check NCCL's topology and algorithm (NCCL_DEBUG=INFO,
+    NCCL_ALGO); when latency-bound, send fewer, larger messages (a larger bucket_cap_mb).
     """
 
     code = "MFU001"
@@ -54,56 +57,66 @@ class ExposedCollectives(Rule[Params]):
         groups = self._groups(run)
         ranks, steps = run.involved("exposed_comm", self.params.min_fraction)
         top = groups[: self.params.top_groups]
-        slow = [g for g in top if g.busbw_vs_link is not None and g.busbw_vs_link < 0.5]
-        summary = f"exposed communication {frac:.1%} of the step"
+        slow = [g for g in top if g.slow(self.params.slow_vs_reach)]
+        rank_steps = max(len(run.ledgers), 1)
+        step_ms = sum(lg.window_s for lg in run.ledgers) / rank_steps * 1e3
+        summary = (f"exposed communication {frac:.1%} of the step ({run.mean_seconds('exposed_comm') * 1e3:.2f} ms "
+                   f"of {step_ms:.2f} ms, mean over ranks and steps)")
         if top:
             g = top[0]
-            summary += (f"; largest: {g.collective} on group {g.pg} (~{g.size_mib:.3g} MiB messages), "
-                        f"{g.exposed_ms:.2f} ms exposed in {g.count} calls over all ranks and steps")
-            if g.busbw_gbps is not None and g.link_gbps:
-                summary += f", bus bandwidth {g.busbw_gbps:.0f} GB/s against {g.link} {g.link_gbps:.0f} GB/s"
+            summary += (f"; largest: {g.collective} on group {g.pg} ({g.size_text}), "
+                        f"{g.exposed_ms / rank_steps:.2f} ms of transfer exposed per step in {g.count} calls "
+                        "over all ranks and steps")
+            summary += g.bandwidth_text()
         advice = ("overlap gradient communication with backward: DDP bucket_cap_mb, Megatron "
                   "--overlap-grad-reduce/--overlap-param-gather, FSDP backward_prefetch/forward_prefetch; "
                   "tensor-parallel: --tp-comm-overlap")
         if slow:
-            advice += (f"; {len(slow)} group(s) reach under half their link's bandwidth: check NCCL topology "
-                       "and algorithm (NCCL_DEBUG=INFO, NCCL_ALGO, NCCL_IB_* settings)")
+            advice += (f"; {len(slow)} group(s) reach under {self.params.slow_vs_reach:.0%} of the bus bandwidth "
+                       "their message size allows on their link: check NCCL topology and algorithm "
+                       "(NCCL_DEBUG=INFO, NCCL_ALGO, NCCL_IB_* settings)")
+        if any(g.latency_bound for g in top[:1]):
+            advice += ("; the largest group is latency-bound: fewer, larger messages (a larger bucket_cap_mb, "
+                       "coalesced collectives) amortize NCCL's fixed cost per call")
         evidence = [f"coll:{inst}" for g in top for inst in g.instances[:3]]
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("exposed_comm"), ranks, steps,
             evidence, advice, summary, run.what_if(frac),
-            {"groups": [g.as_dict() for g in top]},
+            {"groups": [g.as_dict(rank_steps) for g in top]},
         )]
 
     def _groups(self, run: RunContext) -> list[_Group]:
-        acc: dict[tuple[str, str, int], _Group] = {}
+        acc: dict[tuple[str, str, int | None], _Group] = {}
         nvlink = run.peak.nvlink_gbps or LINKS["nvlink4"].gbps
         per_node = {r.rank: r.gpus_per_node for r in run.ranks}
         for mt in run.matched:
             c = mt.call
             if c.collective == "sendrecv":
                 continue
-            size = c.msg_bytes or 0
-            bucket = 0 if size <= 0 else max(size.bit_length() - self.params.size_base_bytes.bit_length(), 0)
-            key = (c.pg_name, c.collective, bucket)
+            # Powers of two of the message size; None when the trace does not say it.
+            size_class = c.msg_bytes.bit_length() if c.msg_bytes else None
+            key = (c.pg_name, c.collective, size_class)
             g = acc.get(key)
             if g is None:
-                g = acc[key] = _Group(c.pg_name, c.pg_desc, c.collective,
-                                      (self.params.size_base_bytes << bucket) / 2**20)
+                g = acc[key] = _Group(c.pg_name, c.pg_desc, c.collective)
                 if c.group_ranks:
                     gpn = per_node.get(c.rank) or 8
                     one_node = len({int(r) // gpn for r in c.group_ranks.split(",")}) == 1
-                    g.link, g.link_gbps = ("NVLink", nvlink) if one_node else ("network (IB NDR)", LINKS["ib-ndr"].gbps)
+                    g.link, g.link_gbps = (LINKS["nvlink4"], nvlink) if one_node else (LINKS["ib-ndr"], None)
             exposed = run.exposed_ns.get((c.file_id, c.act), 0)
             g.count += 1
             g.time_ms += (c.end_ns - c.ts_ns) / 1e6
             g.exposed_ms += exposed / 1e6
+            if c.msg_bytes:
+                g.sizes.append(c.msg_bytes)
             if exposed > 0:
                 g.instances.append(mt.instance)
             transfer = (c.end_ns - c.ts_ns) - mt.wait_ns
             n = c.group_size or mt.n_matched
             if c.msg_bytes and transfer > 0 and n > 1 and normalize_collective(c.collective):
                 g.busbw.append(c.msg_bytes / transfer * bus_factor(c.collective, n))  # bytes/ns = GB/s
+                if g.link is not None:
+                    g.reach.append(reach(c.collective, n, c.msg_bytes, g.link, g.link_gbps))
         return sorted(acc.values(), key=lambda g: -g.exposed_ms)
 
 
@@ -112,27 +125,77 @@ class _Group:
     pg: str
     pg_desc: str | None
     collective: str
-    size_mib: float
     count: int = 0
     time_ms: float = 0.0
-    exposed_ms: float = 0.0
-    link: str | None = None
-    link_gbps: float | None = None
+    exposed_ms: float = 0.0       # over all ranks and steps: the transfer only, waits for late ranks taken out
+    link: Link | None = None
+    link_gbps: float | None = None  # the part's own NVLink figure, where known
+    sizes: list[int] = field(default_factory=list)
     busbw: list[float] = field(default_factory=list)
+    reach: list[Reach] = field(default_factory=list)
     instances: list[str] = field(default_factory=list)
+
+    @property
+    def msg_bytes(self) -> float | None:
+        return statistics.median(self.sizes) if self.sizes else None
+
+    @property
+    def size_text(self) -> str:
+        b = self.msg_bytes
+        if b is None:
+            return "size unknown"
+        return f"{b / 2**20:.3g} MiB messages" if b >= 2**20 else f"{b / 2**10:.3g} KiB messages"
 
     @property
     def busbw_gbps(self) -> float | None:
         return statistics.median(self.busbw) if self.busbw else None
 
     @property
-    def busbw_vs_link(self) -> float | None:
-        bw = self.busbw_gbps
-        return bw / self.link_gbps if bw is not None and self.link_gbps else None
+    def link_name(self) -> str | None:
+        return None if self.link is None else "NVLink" if self.link.key == "nvlink4" else "network (IB NDR)"
 
-    def as_dict(self) -> dict[str, object]:
+    @property
+    def link_bw_gbps(self) -> float | None:
+        return None if self.link is None else self.link_gbps or self.link.gbps
+
+    @property
+    def reach_gbps(self) -> float | None:
+        """The median of what each call's size could reach on the link (links.reach)."""
+        return statistics.median(r.busbw_gbps for r in self.reach) if self.reach else None
+
+    @property
+    def latency_bound(self) -> bool:
+        return bool(self.reach) and statistics.median(r.latency_s / r.transfer_s for r in self.reach) >= 1
+
+    @property
+    def busbw_vs_reach(self) -> float | None:
+        bw, can = self.busbw_gbps, self.reach_gbps
+        return bw / can if bw is not None and can else None
+
+    def slow(self, below: float) -> bool:
+        ratio = self.busbw_vs_reach
+        return ratio is not None and ratio < below and not self.latency_bound
+
+    def bandwidth_text(self) -> str:
+        bw, can = self.busbw_gbps, self.reach_gbps
+        if bw is None or can is None:
+            return ""
+        if self.latency_bound:
+            return (f", latency-bound: bus bandwidth {bw:.3g} GB/s where such messages can reach {can:.3g} GB/s "
+                    f"on {self.link_name} (NCCL's fixed cost per call outweighs the bytes)")
+        return (f", bus bandwidth {bw:.0f} GB/s: {bw / can:.0%} of the {can:.0f} GB/s this message size can "
+                f"reach on {self.link_name} ({self.link_bw_gbps:.0f} GB/s)")
+
+    def as_dict(self, rank_steps: int) -> dict[str, object]:
+        b = self.msg_bytes
         return {
-            "pg": self.pg, "pg_desc": self.pg_desc, "collective": self.collective, "size_mib": self.size_mib,
-            "count": self.count, "time_ms": self.time_ms, "exposed_ms": self.exposed_ms, "link": self.link,
-            "link_gbps": self.link_gbps, "busbw_gbps": self.busbw_gbps, "busbw_vs_link": self.busbw_vs_link,
+            "pg": self.pg, "pg_desc": self.pg_desc, "collective": self.collective,
+            "msg_bytes": b, "size_mib": None if b is None else b / 2**20,
+            "count": self.count, "time_ms": self.time_ms, "exposed_ms": self.exposed_ms,
+            "exposed_ms_per_step": self.exposed_ms / rank_steps, "link": self.link_name,
+            "link_gbps": self.link_bw_gbps, "busbw_gbps": self.busbw_gbps,
+            "busbw_vs_link": None if self.busbw_gbps is None or not self.link_bw_gbps
+            else self.busbw_gbps / self.link_bw_gbps,
+            "reachable_busbw_gbps": self.reach_gbps, "busbw_vs_reachable": self.busbw_vs_reach,
+            "latency_bound": self.latency_bound if self.reach else None,
         }
