@@ -66,8 +66,8 @@ class PipelineBubble(Rule[Params]):
                         f"{'above' if gap >= 0 else 'below'} it; doubling m would make it {doubled:.1%}")
             detail.update(bubble_vs_theoretical_points=gap, theoretical_with_2m=doubled)
         elif layout is not None:
-            found = f"{layout.stages} stages" if layout.stages else "stages"
-            summary += f" ({found} found, microbatches not detected: {layout.how})"
+            missing = f"{layout.stages} stages; microbatches" if layout.stages else "stages"
+            summary += f" ({missing} not detected: {layout.how})"
         else:
             summary += " (no send/recv with a known direction and peer: stages and microbatches not detected)"
         if ideal is not None and frac > 1.5 * ideal + 0.02:
@@ -76,6 +76,9 @@ class PipelineBubble(Rule[Params]):
         else:
             advice = ("raise microbatches per step (gradient accumulation / --num-microbatches) or use the "
                       "interleaved schedule (--num-layers-per-virtual-pipeline-stage, v>1 divides the bubble by v)")
+        if layout is not None and layout.schedule == GPIPE and (layout.microbatches or 0) > 1:
+            advice += ("; GPipe holds all m microbatches' activations: 1F1B has the same bubble with at most p "
+                       "in flight, which leaves the memory to raise m")
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("pipeline_bubble"), ranks, steps,
             [f"step:{lg.rank}:{lg.step}" for lg in run.ledgers if lg.fractions()["pipeline_bubble"] > 0][:20],
