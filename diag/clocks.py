@@ -13,7 +13,11 @@
   first: the smallest spread over the root of the count, at least `_FLOOR_NS`.
 - The check: every estimate, tree or not, against the offsets the tree implies. Its residual is
   what the solution cannot explain (a wrong pairing, a clock that drifts over the capture); each
-  rank reports the median and the largest over the estimates that involve it.
+  rank reports the median and the largest over the estimates that involve it. A send that ends
+  before its receive is no inconsistency (NCCL stages a message that fits its buffer at the peer
+  and ends the send, NVIDIA/nccl#544); one that ends after it is. The median of a pair stays
+  right while most of its receivers were already waiting, as a pipeline's are (they are posted
+  ahead); were most sends to end early, the offset would lean toward the sender.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class ClockOffset:
 @dataclass(frozen=True)
 class _Pair:
     estimates_ns: list[int]    # end_a − end_b, one per shared instance
+    senders: list[int | None]  # per estimate: the sending rank of a send/recv pair, None for a collective
     median_ns: int
     spread_ns: int
 
@@ -85,8 +90,8 @@ def clock_offsets(matched: list[Matched], ranks: Iterable[int]) -> dict[int, Clo
     residuals: dict[int, list[int]] = defaultdict(list)
     for (a, b), pair in pairs.items():
         implied = offset[b] - offset[a]
-        for d in pair.estimates_ns:
-            r = abs(d - implied)
+        for d, sender in zip(pair.estimates_ns, pair.senders, strict=True):
+            r = _residual(d - implied, a, sender)
             residuals[a].append(r)
             residuals[b].append(r)
     out = {}
@@ -100,6 +105,17 @@ def clock_offsets(matched: list[Matched], ranks: Iterable[int]) -> dict[int, Clo
             n_estimates=len(res),
         )
     return out
+
+
+def _residual(excess_ns: int, a: int, sender: int | None) -> int:
+    """What the solution leaves unexplained of one estimate (excess = estimate − solution).
+
+    A collective's members end together: any excess counts. A send may end before its receive
+    (an eager send, NVIDIA/nccl#544) but not after it: for a send from a (the lower rank),
+    end_a − end_b may fall below the solution, not above it; from b, the reverse."""
+    if sender is None:
+        return abs(excess_ns)
+    return max(excess_ns, 0) if sender == a else max(-excess_ns, 0)
 
 
 def _between(pairs: dict[tuple[int, int], _Pair], a: int, b: int) -> int:
@@ -121,18 +137,21 @@ def _pairs(matched: list[Matched]) -> dict[tuple[int, int], _Pair]:
         if m.n_matched >= 2 and _trusted(m.call):
             by_instance[m.instance].append(m.call)
     estimates: dict[tuple[int, int], list[int]] = defaultdict(list)
+    senders: dict[tuple[int, int], list[int | None]] = defaultdict(list)
     for members in by_instance.values():
         if len(members) < 2 or not _same_transfer(members):
             continue
         ends = {c.rank: c.end_ns for c in members}
+        sender = next((c.rank for c in members if c.direction == "send"), None)
         ref = min(ends)
         for r, e in ends.items():
             if r != ref:
                 estimates[(ref, r)].append(ends[ref] - e)
+                senders[(ref, r)].append(sender)
     out = {}
     for k, d in estimates.items():
         med = int(statistics.median(d))
-        out[k] = _Pair(d, med, int(statistics.median([abs(x - med) for x in d])))
+        out[k] = _Pair(d, senders[k], med, int(statistics.median([abs(x - med) for x in d])))
     return out
 
 

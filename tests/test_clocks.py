@@ -67,6 +67,25 @@ def test_send_recv_pairs_need_matching_bytes_and_a_named_peer() -> None:
     assert offsets[1].offset_ns == true_1 and offsets[1].n_matches == 2 and offsets[1].residual_max_ns == 0
 
 
+def test_a_send_may_end_before_its_receive_not_after() -> None:
+    # Rank 1 is 3 ms behind. Of seven sends 0→1, five end with their receive (the receiver waited),
+    # two end 40 µs and 90 µs early (eager: NCCL took the data into its buffer): no inconsistency.
+    # One send 1→0 ending 30 µs after its receive is one: a residual of 30 µs. The median of the eight
+    # estimates is still the five that agree.
+    true_1 = -3_000_000
+    matched: list[Matched] = []
+    for i, early in enumerate([0, 0, 40_000, 0, 90_000, 0, 0]):
+        t = 1_000_000_000 + i * 1_000_000
+        matched += _instance(f"f{i}", [_call(0, t - early, "sendrecv", "send", 1),
+                                       _call(1, t - true_1, "sendrecv", "recv", 0)])
+    t = 1_100_000_000
+    matched += _instance("b", [_call(1, t - true_1 + 30_000, "sendrecv", "send", 0),
+                               _call(0, t, "sendrecv", "recv", 1)])
+    offsets = clock_offsets(matched, [0, 1])
+    assert offsets[1].offset_ns == true_1
+    assert offsets[1].n_estimates == 8 and offsets[1].residual_ns == 0 and offsets[1].residual_max_ns == 30_000
+
+
 def test_pipeline_sends_without_peers_leave_clocks_unaligned_not_wrong(tmp_path: Path) -> None:
     """A pipeline whose send/recv ops name no peer (no "Dst Rank"/"Src Rank"/"Rank", as when a
     batch is coalesced): pairing them by each rank's own Seq put the clocks 8.4 ms off before; now

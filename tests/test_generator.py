@@ -315,7 +315,8 @@ def test_clock_offsets_align_collective_ends(run: Run) -> None:
 
 
 def test_send_recv_pairs_end_together(run: Run) -> None:
-    """The k-th send from a to b and the k-th receive on b from a end at one aligned instant."""
+    """The k-th send from a to b and the k-th receive on b from a end at one aligned instant; an
+    eager send (p2p_eager_bytes) ends at or before its receive, together when the receiver waited."""
     ends: dict[tuple[int, int, str], list[int]] = defaultdict(list)
     for rank in run.traces:
         offset = run.rank_truth(rank)["clock_offset_ns"]
@@ -325,9 +326,17 @@ def test_send_recv_pairs_end_together(run: Run) -> None:
                 pair = (rank, a["Dst Rank"], "send") if "Dst Rank" in a else (a["Src Rank"], rank, "recv")
                 ends[pair].append(ns(e["ts"]) + ns(e["dur"]) + offset)
     assert bool(ends) == (run.scenario.pp > 1)
+    eager = run.scenario.p2p_eager_bytes > 0
+    early = 0
     for (src, dst, side), times in ends.items():
         if side == "send":
-            assert sorted(times) == sorted(ends[(src, dst, "recv")])
+            recv = ends[(src, dst, "recv")]
+            if not eager:
+                assert sorted(times) == sorted(recv)
+                continue
+            assert len(times) == len(recv) and all(s <= r for s, r in zip(times, recv, strict=True))
+            early += sum(s < r for s, r in zip(times, recv, strict=True))
+    assert (early > 0) == eager
 
 
 # ---- expected findings agree with the truth ---------------------------------------------------------------
