@@ -94,7 +94,8 @@ def _chain(p2p: list[Call], components: list[set[int]], neighbours: dict[int, se
     m = _mode(per_step.values())
     by_rank: dict[int, list[Call]] = defaultdict(list)
     for c in p2p:
-        by_rank[c.rank].append(c)
+        if c.step is not None:   # transfers outside a step may be the tail of one not captured
+            by_rank[c.rank].append(c)
     held = []
     for comp in components:
         _, last = _oriented(comp, neighbours, by_rank)
@@ -143,9 +144,7 @@ def _held_before_first_gradient(calls: list[Call]) -> list[int]:
     by_step: dict[tuple[int, int | None], list[Call]] = defaultdict(list)
     for c in calls:
         by_step[(c.window, c.step)].append(c)
-    for (_, step), cs in by_step.items():
-        if step is None:
-            continue
+    for cs in by_step.values():
         first_send = next((i for i, c in enumerate(cs) if c.direction == "send"), None)
         if first_send is not None:
             out.append(first_send)
