@@ -52,6 +52,26 @@ def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOpt
     return Opened(con, result.errors, str(model) if model.is_file() else None)
 
 
+def _ingest_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """What ingest did to the traces' values (kept with a counted warning, never silently) and
+    which traces were salvaged up to damage: the report says it beside the numbers they feed."""
+    rows = con.execute(
+        """
+        SELECT rank, path, partial, damage_offset, n_events,
+               list_filter(from_json(coalesce(warnings, '[]'), '["VARCHAR"]'), lambda w: starts_with(w, 'values: '))
+        FROM trace_files WHERE kind = 'kineto' ORDER BY rank, capture_window, file_id
+        """
+    ).fetchall()
+    notes = []
+    for rank, path, partial, damage, n_events, values in rows:
+        name = Path(path).name
+        if partial:
+            notes.append(f"rank {rank} ({name}): damaged at byte {damage}; analyzed the {n_events} complete "
+                         "events before it (--salvage)")
+        notes.extend(f"rank {rank} ({name}): {w.removeprefix('values: ')}" for w in values)
+    return notes
+
+
 def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(),
                  ingest_opts: IngestOptions = IngestOptions(), warn: bool = True) -> tuple[Analysis, dict[str, Any]]:
     # --executor ray: one Ray for the parse and the analysis map (the ingest joins it). The local
@@ -85,6 +105,7 @@ def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_f
         raise
     if unreadable:
         a.run.notes.append(f"{unreadable} file(s) could not be read and were left out")
+    a.run.notes.extend(_ingest_notes(con))
     if model_file and opts.model == model_file:
         a.run.notes.append(f"model description from {model_file}")
     return a, build_report(a)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from diag.errors import BadInput, ExitCode
+from diag.errors import BadInput, ExitCode, printable
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -56,15 +56,17 @@ def _run_ingest(args: argparse.Namespace) -> int:
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     for s in result.skipped:
-        print(f"skipped: {s.path}: {s.reason}", file=sys.stderr)
+        print(f"skipped: {printable(s.path)}: {s.reason}", file=sys.stderr)
     for path, file_id in result.ingested:
         n = con.execute("SELECT rank, n_events, kind FROM trace_files WHERE file_id = ?", [file_id]).fetchone()
         assert n is not None
-        print(f"{path}\trank={n[0]}\tevents={n[1]}\tkind={n[2]}")
+        print(f"{printable(path)}\trank={n[0]}\tevents={n[1]}\tkind={n[2]}")
+    # Each file is its own unit: a bad one is a warning while others made it in (now or before).
+    usable = result.ingested or any(s.duplicate for s in result.skipped)
     for e in result.errors:
-        print(f"diag: {e.one_line()}", file=sys.stderr)
+        print(f"diag: {'warning: ' if usable else ''}{e.one_line()}", file=sys.stderr)
     con.close()
-    return ExitCode.BAD_INPUT if result.errors else ExitCode.OK
+    return ExitCode.BAD_INPUT if result.errors and not usable else ExitCode.OK
 
 
 def build_parser() -> argparse.ArgumentParser:

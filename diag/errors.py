@@ -31,4 +31,12 @@ class BadInput(Exception):
         where = f" (at byte {self.offset})" if self.offset is not None else ""
         # Keep it to one line whatever the reason contains.
         reason = " ".join(self.reason.split())
-        return f"{self.path}: {reason}{where}"
+        return f"{printable(self.path)}: {reason}{where}"
+
+
+def printable(path: str) -> str:
+    """A path as one line of UTF-8 text. A file name's bytes that are not UTF-8 (which Python keeps
+    as surrogate escapes, and neither DuckDB nor a terminal accepts) are written \\xNN; control
+    characters (a newline in a name would split a one-line message) as their escapes."""
+    text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -142,7 +142,8 @@ def test_a_bad_file_does_not_stop_the_good_ones(tmp_path: Path) -> None:
     (d / "rank-1.json").write_text(trace_text()[:100])
     code, err = ingest(tmp_path, d)
     errors = [line for line in err.splitlines() if line.startswith("diag:")]
-    assert code == 2 and len(errors) == 1 and "rank-1.json" in errors[0]
+    # Each file is its own unit: the bad one is a warning while another made it in (issue 15).
+    assert code == 0 and len(errors) == 1 and errors[0].startswith("diag: warning:") and "rank-1.json" in errors[0]
     assert rows(tmp_path)[0] == 20
 
 

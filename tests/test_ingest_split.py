@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def test_a_split_inside_a_string_is_found_out_and_read_through(tmp_path: Path, m
     asked: list[str] = []
     cancel = SecondHalf.cancel
 
-    def tables(self: SecondHalf, info: kineto.KinetoFile, bad: list[int]) -> Iterator[dict[str, pa.Table]]:
+    def tables(self: SecondHalf, info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
         asked.append("tables")
         return iter(())
 
@@ -92,7 +93,7 @@ def test_a_split_inside_a_string_is_found_out_and_read_through(tmp_path: Path, m
 def test_a_failed_child_leaves_the_half_to_this_process() -> None:
     parent = os.getpid()
 
-    def parse(info: kineto.KinetoFile, bad: list[int]) -> Iterator[dict[str, pa.Table]]:
+    def parse(info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
         if os.getpid() != parent:
             raise RuntimeError("the child fails")
         info.n_events += 3
@@ -100,22 +101,22 @@ def test_a_failed_child_leaves_the_half_to_this_process() -> None:
 
     info = kineto.KinetoFile.blank()
     with SecondHalf(parse) as half:
-        tables = list(half.tables(info, [0]))
+        tables = list(half.tables(info, Counter()))
     assert [t["t"].column("x").to_pylist() for t in tables] == [[1, 2, 3]] and info.n_events == 3
     assert not os.path.exists(half.dir)
 
 
 def test_the_childs_tables_and_counts_come_back_in_order() -> None:
-    def parse(info: kineto.KinetoFile, bad: list[int]) -> Iterator[dict[str, pa.Table]]:
+    def parse(info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
         for i in range(3):
             info.n_events += 2
-            bad[0] += 1
+            bad["typed"] += 1
             yield {"a": pa.table({"x": [i, i]}), "b": pa.table({"y": [str(i)]}),
                    "empty": pa.table({"z": pa.array([], pa.int8())})}
 
-    info, bad = kineto.KinetoFile.blank(), [0]
+    info, bad = kineto.KinetoFile.blank(), Counter[str]()
     with SecondHalf(parse) as half:
         tables = list(half.tables(info, bad))
     assert [t["a"].column("x").to_pylist() for t in tables if "a" in t] == [[0, 0], [1, 1], [2, 2]]
     assert [t["b"].column("y").to_pylist() for t in tables if "b" in t] == [["0"], ["1"], ["2"]]
-    assert not any("empty" in t for t in tables) and info.n_events == 6 and bad == [3]
+    assert not any("empty" in t for t in tables) and info.n_events == 6 and bad == {"typed": 3}

@@ -45,10 +45,12 @@ from collections.abc import Mapping
 from diag.errors import BadInput
 from diag.ingest.nccl import (
     Fields,
+    JsonLimit,
     NcclOp,
     SourceParse,
     byte_offset,
     decode_text,
+    loads,
     normalize_collective,
     record_json,
     scaled_ns,
@@ -79,11 +81,13 @@ def parse_pickle(path: str, data: bytes) -> SourceParse:
 def parse_json(path: str, data: bytes) -> SourceParse:
     text = decode_text(path, data)
     try:
-        dump = json.loads(text)
+        dump = loads(text)
     except json.JSONDecodeError as e:
         raise BadInput(
             path, f"Flight Recorder JSON is not valid JSON ({e.msg})", byte_offset(text, e.pos)
         ) from None
+    except JsonLimit as e:
+        raise BadInput(path, e.reason) from None
     return _parse_dump(path, dump)
 
 

@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -28,7 +29,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from diag.ingest.kineto import KinetoFile
 
-Parse = Callable[["KinetoFile", list[int]], Iterator[dict[str, pa.Table]]]
+Parse = Callable[["KinetoFile", Counter[str]], Iterator[dict[str, pa.Table]]]
 
 
 class SecondHalf:
@@ -50,7 +51,7 @@ class SecondHalf:
 
         code = 1
         try:
-            info, bad = KinetoFile.blank(), [0]
+            info, bad = KinetoFile.blank(), Counter[str]()
             writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}
             for tables in self.parse(info, bad):
                 for name, t in tables.items():
@@ -60,7 +61,7 @@ class SecondHalf:
                         writers[name].write_table(t)
             for w in writers.values():
                 w.close()
-            Path(self.dir, "info.json").write_text(json.dumps({"info": info.counts(), "bad": bad[0],
+            Path(self.dir, "info.json").write_text(json.dumps({"info": info.counts(), "bad": bad,
                                                                "tables": list(writers)}))
             code = 0
         finally:
@@ -69,7 +70,7 @@ class SecondHalf:
     def _stream(self, name: str) -> str:
         return os.path.join(self.dir, f"{name}.arrows")
 
-    def tables(self, info: KinetoFile, bad: list[int]) -> Iterator[dict[str, pa.Table]]:
+    def tables(self, info: KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
         """The second half's tables (adding its counts to `info` and `bad`), once the child is done."""
         _, status = os.waitpid(self.pid, 0)
         self.pid = 0
@@ -79,7 +80,7 @@ class SecondHalf:
             return
         out = json.loads(done.read_text())
         info.add_counts(out["info"])
-        bad[0] += out["bad"]
+        bad.update(out["bad"])
         for name in out["tables"]:
             with pa.OSFile(self._stream(name)) as f:
                 for batch in pa.ipc.open_stream(f):

@@ -13,10 +13,13 @@ cuda_driver, kernel, gpu_memcpy, gpu_memset, gpu_user_annotation, ac2g flows) an
 from __future__ import annotations
 
 import gc
+import hashlib
 import re
+from collections import Counter
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -212,7 +215,7 @@ def read_kineto(
 def _chunks(
     path: str, info: KinetoFile, events: msgspec.Raw, chunk_bytes: int, release: Any, split: bool
 ) -> Iterator[dict[str, pa.Table]]:
-    bad = [0]
+    bad: Counter[str] = Counter()
     mv = memoryview(events)
     end = len(mv)
     while end > 0 and mv[end - 1] != ord("]"):
@@ -241,8 +244,7 @@ def _chunks(
                 # mid-event. Stop it now, not at the end, and read the rest here.
                 half.cancel()
                 yield from _range(path, info, mv, stopped, end, chunk_bytes, release, bad)
-    if bad[0]:
-        info.warnings.append(f"{bad[0]} typed values were of an unexpected type or out of range; kept raw, typed what fit")
+    info.warnings.extend(value_warnings(bad))
     if info.partial:
         info.warnings.append(
             f"damaged at byte {info.damage_offset}: kept the {info.n_events} complete events before it"
@@ -251,7 +253,7 @@ def _chunks(
 
 def _range(
     path: str, info: KinetoFile, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
-    bad: list[int], stop: int | None = None,
+    bad: Counter[str], stop: int | None = None,
 ) -> Generator[dict[str, pa.Table], None, int]:
     """The events in mv[pos:end], chunk by chunk; with `stop`, it ends there, or just before
     where `stop` turns out not to end a whole event. Returns where it ended."""
@@ -264,6 +266,8 @@ def _range(
                 try:
                     evs = _typed_events(piece, bad)
                     break
+                except _BadEvent as e:
+                    raise BadInput(path, f"event {info.n_events + e.index} {e.reason}") from None
                 except msgspec.DecodeError:
                     if cut == stop:
                         return pos
@@ -273,7 +277,13 @@ def _range(
                     cut, nxt = _cut(mv, nxt, end, 0)
                     piece = b"[" + mv[pos:cut].tobytes() + b"]"
             raws = [r.args for r in _raw_args_decoder.decode(piece)]
-            tables, era_2021 = _tabulate(evs, raws, bad)
+            try:
+                tables, era_2021 = _tabulate(evs, raws, bad)
+            except _OutOfRange:
+                i, what = next((i, f"{k} {v}") for i, e in enumerate(evs) for k, v in (("ts", e.ts), ("dur", e.dur))
+                               if v is not None and abs(v) > _MAX_US)
+                raise BadInput(path, f"event {info.n_events + i}: {what} µs is beyond the nanosecond range "
+                                     "(int64) of any clock") from None
         info.absorb(len(evs), tables, era_2021)
         yield tables
         if release is not None:
@@ -307,7 +317,18 @@ def _cut(mv: memoryview, pos: int, end: int, size: int) -> tuple[int, int]:
     return m.start() + 1, m.end() - 1
 
 
-def _typed_events(piece: bytes, bad: list[int]) -> list[_Event]:
+class _BadEvent(Exception):
+    """An event of a chunk that is not a Kineto event; `index` counts from the chunk's first."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index, self.reason = index, reason
+
+
+_AT_EVENT = re.compile(r"^(.*?)\s*-\s*at `\$\[(\d+)\]([^`]*)`$")
+
+
+def _typed_events(piece: bytes, bad: Counter[str]) -> list[_Event]:
     try:
         return _events_decoder.decode(piece)
     except msgspec.ValidationError:
@@ -315,7 +336,11 @@ def _typed_events(piece: bytes, bad: list[int]) -> list[_Event]:
     try:
         loose = _loose_decoder.decode(piece)
     except msgspec.ValidationError as e:
-        raise BadInput("", f"not a Kineto trace: {e}") from None
+        # msgspec says "Expected `str`, got `int` - at `$[12].name`": 12 counts within the chunk.
+        m = _AT_EVENT.match(str(e))
+        if m is None:
+            raise _BadEvent(0, f"is not a Kineto event: {e}") from None
+        raise _BadEvent(int(m.group(2)), f"is not a Kineto event: {m.group(1)} at {m.group(3).lstrip('.')}") from None
     out = []
     for ev in loose:
         args = _decode_args([ev.args], bad)[0]
@@ -381,17 +406,31 @@ def _salvage(path: str, data: Any, offset: int) -> _Head:
 # --------------------------------------------------------------------------- tabulating
 
 
-def _ns_array(values: Sequence[Number | None]) -> pa.Array:
-    """µs (as Kineto writes them, up to 3 decimals) → integer ns, vectorized.
+class _OutOfRange(Exception):
+    """A time in µs whose ns do not fit int64 (cast, it would read as INT64_MIN)."""
+
+
+# int64 ns reach ±9.22e18, that is ±9.22e15 µs (292 years): Kineto's epoch µs are ~1.7e15.
+_MAX_US = (2**63 - 1) // 1000
+
+
+def _ns_array(values: Sequence[Number | None], bad: Counter[str] | None = None) -> pa.Array:
+    """µs (as Kineto writes them, up to 3 decimals) → integer ns, vectorized. With `bad`, the values
+    are durations: a negative one is kept as 0 and counted (it would claim negative time).
 
     The whole µs and the fraction are scaled apart: at absolute epoch µs (~1.7e15) a float64 has
     0.25 µs of resolution, and multiplying by 1000 first would lose a further factor of 1000.
     Integer µs (older traces) are exact either way.
     """
     a = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    valid = np.isfinite(a)
+    if (np.abs(a[valid]) > _MAX_US).any():
+        raise _OutOfRange
+    if bad is not None and (negative := a < 0).any():
+        bad["negative_dur"] += int(negative.sum())
+        a[negative] = 0.0
     whole = np.floor(a)
     ns = whole * 1000.0 + np.rint((a - whole) * 1000.0)
-    valid = np.isfinite(a)
     out = np.where(valid, ns, 0).astype(np.int64)
     if not valid.all():
         return pa.array(out, mask=~valid)
@@ -407,6 +446,35 @@ def _int_or_none(v: int | str | None) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def _host_id(v: int | str | None, bad: Counter[str] | None = None) -> int | None:
+    """A host pid or tid as an integer. Some writers name a thread ("python", "pt_autograd_0")
+    where Kineto writes its number: each name gets its own id, the same in every chunk and file
+    (a hash), negative so that it never meets a real one; counted."""
+    n = _int_or_none(v)
+    if n is None and isinstance(v, str):
+        if bad is not None:
+            bad["named_ids"] += 1
+        return _named_id(v)
+    return n
+
+
+@lru_cache(maxsize=4096)
+def _named_id(name: str) -> int:
+    return -1 - int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=7).digest(), "big")
+
+
+def value_warnings(bad: Counter[str]) -> list[str]:
+    """What was done to values that could not be kept as written, one warning per kind; the
+    "values: " prefix puts them in the report's notes too (diag/api.py)."""
+    said = {
+        "typed": "typed values were of an unexpected type or out of range; kept raw, typed what fit",
+        "negative_dur": "events had a negative duration; kept with duration 0",
+        "no_ph": "events had no 'ph'; those with ts and dur read as complete ('X') events, the rest kept aside",
+        "named_ids": "pid/tid values were names, not numbers; each name read as its own (negative) id",
+    }
+    return [f"values: {bad[k]} {text}" for k, text in said.items() if bad[k]]
 
 
 def _text(r: msgspec.Raw) -> bytes | None:
@@ -462,7 +530,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 EVENT_TABLES = ("cpu_ops", "gpu_annotations", "runtime_calls", "kernels", "copies", "flows", "other_events")
 
 
-def _decode_args(raws: Sequence[msgspec.Raw], bad: list[int]) -> list[_Args]:
+def _decode_args(raws: Sequence[msgspec.Raw], bad: Counter[str]) -> list[_Args]:
     out: list[_Args] = []
     for raw in raws:
         if not len(raw):
@@ -473,7 +541,7 @@ def _decode_args(raws: Sequence[msgspec.Raw], bad: list[int]) -> list[_Args]:
         except msgspec.ValidationError:
             # A typed key of an unexpected type (e.g. "stream": "7"). Keep the event and its raw
             # args, type what fits, and count it.
-            bad[0] += 1
+            bad["typed"] += 1
             out.append(_lenient_args(raw))
     return out
 
@@ -507,10 +575,14 @@ class _Bucket:
         self.raws.append(raw)
 
 
-def _route(events: list[_Event], raws: list[msgspec.Raw]) -> dict[str, _Bucket]:
+def _route(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) -> dict[str, _Bucket]:
     r = {k: _Bucket() for k in ("kernels", "memcpy", "memset", "gpu_ann", "runtime", "cpu", "flows", "other")}
     for ev, raw in zip(events, raws, strict=True):
         ph, cat = ev.ph, ev.cat
+        if not ph:
+            # Only a complete ('X') event has both a start and a duration (Chrome trace format).
+            bad["no_ph"] += 1
+            ph = "X" if ev.dur is not None else ph
         if ph == "X" and ev.ts is not None and cat not in _NOT_CPU_X:
             if cat in _KERNEL_CATS:
                 key = "kernels"
@@ -520,9 +592,7 @@ def _route(events: list[_Event], raws: list[msgspec.Raw]) -> dict[str, _Bucket]:
                 key = "memset"
             elif cat == "gpu_user_annotation":
                 key = "gpu_ann"
-            elif not (type(ev.pid) is int and type(ev.tid) is int) and (
-                _int_or_none(ev.pid) is None or _int_or_none(ev.tid) is None
-            ):
+            elif ev.pid is None or ev.tid is None:
                 key = "other"
             elif cat in _RUNTIME_CATS or (cat or "").endswith(("_runtime", "_driver")):
                 key = "runtime"
@@ -540,40 +610,40 @@ def _ext(a: _Args) -> int | None:
     return a.external_id if a.external_id is not None else a.external_id_2021
 
 
-def _common(b: _Bucket) -> dict[str, Any]:
+def _common(b: _Bucket, bad: Counter[str]) -> dict[str, Any]:
     evs = b.events
     return {
         "name": [e.name for e in evs],
         "ts_ns": _ns_array([e.ts for e in evs]),
-        "dur_ns": _ns_array([e.dur or 0 for e in evs]),
+        "dur_ns": _ns_array([e.dur or 0 for e in evs], bad),
         "external_id": [_ext(e.args) for e in evs],
         "args": [bytes(r) if len(r) else None for r in b.raws],
     }
 
 
-def _gpu_columns(b: _Bucket) -> dict[str, Any]:
+def _gpu_columns(b: _Bucket, bad: Counter[str]) -> dict[str, Any]:
     # Kineto puts the device and stream in args and as the GPU row's pid/tid; the 2021 schema
     # only in pid/tid.
     evs = b.events
     return {
-        **_common(b),
+        **_common(b, bad),
         "device": [e.args.device if e.args.device is not None else _int_or_none(e.pid) for e in evs],
         "stream": [e.args.stream if e.args.stream is not None else _int_or_none(e.tid) for e in evs],
         "correlation": [e.args.correlation for e in evs],
     }
 
 
-def _host_columns(b: _Bucket) -> dict[str, Any]:
+def _host_columns(b: _Bucket, bad: Counter[str]) -> dict[str, Any]:
     evs = b.events
     return {
-        **_common(b),
+        **_common(b, bad),
         "cat": [e.cat for e in evs],
-        "pid": [_int_or_none(e.pid) for e in evs],
-        "tid": [_int_or_none(e.tid) for e in evs],
+        "pid": [_host_id(e.pid, bad) for e in evs],
+        "tid": [_host_id(e.tid, bad) for e in evs],
     }
 
 
-def _table(name: str, bad: list[int], cols: dict[str, Any]) -> pa.Table:
+def _table(name: str, bad: Counter[str], cols: dict[str, Any]) -> pa.Table:
     schema = SCHEMAS[name]
     return pa.table(
         {f.name: cols[f.name] if isinstance(cols[f.name], pa.Array) else _column(cols[f.name], f.type, bad)
@@ -585,7 +655,7 @@ def _table(name: str, bad: list[int], cols: dict[str, Any]) -> pa.Table:
 _INT_RANGES = {I64: (-(2**63), 2**63 - 1), I32: (-(2**31), 2**31 - 1)}
 
 
-def _column(values: list[Any], typ: pa.DataType, bad: list[int]) -> pa.Array:
+def _column(values: list[Any], typ: pa.DataType, bad: Counter[str]) -> pa.Array:
     """A column of `typ`; an integer out of its range (a 2^70 id in a typed key) is typed null,
     kept only in the raw args, and counted."""
     try:
@@ -595,7 +665,7 @@ def _column(values: list[Any], typ: pa.DataType, bad: list[int]) -> pa.Array:
             raise
     lo, hi = _INT_RANGES[typ]
     fit = [v if v is None or lo <= v <= hi else None for v in values]
-    bad[0] += sum(1 for v, f in zip(values, fit, strict=True) if v is not None and f is None)
+    bad["typed"] += sum(1 for v, f in zip(values, fit, strict=True) if v is not None and f is None)
     return pa.array(fit, type=typ)
 
 
@@ -608,7 +678,8 @@ def _collective_rows(source: str, evs: list[_Event]) -> dict[str, list[Any]]:
         ranks, truncated = parse_pg_ranks(_raw_str(a.pg_ranks), a.group_size, a.rank_start, a.rank_stride)
         row = {
             "source": source, "external_id": _ext(a), "correlation": a.correlation if source == "kernel" else None,
-            "tid": _int_or_none(e.tid) if source == "cpu_op" else None, "ts_ns": e.ts, "dur_ns": e.dur or 0,
+            "tid": _host_id(e.tid) if source == "cpu_op" else None, "ts_ns": e.ts,
+            "dur_ns": max(e.dur or 0, 0),
             "collective": a.collective, "pg_name": a.pg_name, "pg_desc": a.pg_desc, "pg_ranks": ranks,
             "pg_ranks_truncated": truncated, "group_size": a.group_size, "in_nelems": a.in_nelems,
             "out_nelems": a.out_nelems, "dtype": a.dtype, "seq": a.seq, "global_rank_start": a.rank_start,
@@ -636,12 +707,12 @@ def _raw_str(r: msgspec.Raw) -> str | None:
     return bytes(r).decode("utf-8", "replace") if len(r) else None
 
 
-def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: list[int]) -> tuple[dict[str, pa.Table], bool]:
+def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) -> tuple[dict[str, pa.Table], bool]:
     """One chunk's events → one Arrow table per destination; and whether it is the 2021 schema."""
-    r = _route(events, raws)
+    r = _route(events, raws, bad)
     tables: dict[str, pa.Table] = {}
 
-    kc = _gpu_columns(r["kernels"])
+    kc = _gpu_columns(r["kernels"], bad)
     kc["grid"] = [_text(e.args.grid) for e in r["kernels"].events]
     kc["block"] = [_text(e.args.block) for e in r["kernels"].events]
     tables["kernels"] = _table("kernels", bad, kc)
@@ -649,20 +720,20 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: list[int]) -> 
     copies = _Bucket()
     copies.events = r["memcpy"].events + r["memset"].events
     copies.raws = r["memcpy"].raws + r["memset"].raws
-    cc = _gpu_columns(copies)
+    cc = _gpu_columns(copies, bad)
     cc["kind"] = ["memcpy"] * len(r["memcpy"].events) + ["memset"] * len(r["memset"].events)
     cc["bytes"] = [e.args.bytes for e in copies.events]
     tables["copies"] = _table("copies", bad, cc)
 
-    tables["gpu_annotations"] = _table("gpu_annotations", bad, _gpu_columns(r["gpu_ann"]))
+    tables["gpu_annotations"] = _table("gpu_annotations", bad, _gpu_columns(r["gpu_ann"], bad))
 
-    rc = _host_columns(r["runtime"])
+    rc = _host_columns(r["runtime"], bad)
     rc["correlation"] = [e.args.correlation for e in r["runtime"].events]
     rc["cbid"] = [e.args.cbid for e in r["runtime"].events]
     tables["runtime_calls"] = _table("runtime_calls", bad, rc)
 
     cpu = r["cpu"].events
-    pc = _host_columns(r["cpu"])
+    pc = _host_columns(r["cpu"], bad)
     pc["seq_num"] = [e.args.seq_num for e in cpu]
     pc["fwd_tid"] = [e.args.fwd_tid for e in cpu]
     pc["input_dims"] = [_text(e.args.input_dims) for e in cpu]
@@ -674,7 +745,7 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: list[int]) -> 
     tables["flows"] = _table("flows", bad, {
         "cat": [e.cat for e in fl.events], "name": [e.name for e in fl.events], "ph": [e.ph for e in fl.events],
         "flow_id": [None if e.id is None else str(e.id) for e in fl.events],
-        "pid": [_int_or_none(e.pid) for e in fl.events], "tid": [_int_or_none(e.tid) for e in fl.events],
+        "pid": [_host_id(e.pid, bad) for e in fl.events], "tid": [_host_id(e.tid, bad) for e in fl.events],
         "ts_ns": _ns_array([e.ts for e in fl.events]), "args": [_text(x) for x in fl.raws],
     })
     ot = r["other"]
@@ -682,7 +753,7 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: list[int]) -> 
         "ph": [e.ph for e in ot.events], "cat": [e.cat for e in ot.events], "name": [e.name for e in ot.events],
         "pid": [None if e.pid is None else str(e.pid) for e in ot.events],
         "tid": [None if e.tid is None else str(e.tid) for e in ot.events],
-        "ts_ns": _ns_array([e.ts for e in ot.events]), "dur_ns": _ns_array([e.dur for e in ot.events]),
+        "ts_ns": _ns_array([e.ts for e in ot.events]), "dur_ns": _ns_array([e.dur for e in ot.events], bad),
         "args": [_text(x) for x in ot.raws],
     })
 

@@ -337,6 +337,27 @@ def scaled_ns(value: float | int, ns_per_unit: int) -> int:
     return round(Decimal(repr(value)) * ns_per_unit)
 
 
+class JsonLimit(Exception):
+    """JSON that stdlib json refuses beyond a syntax error: nested past the recursion limit, or an
+    integer longer than Python converts (4300 digits by default, CVE-2020-10735)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def loads(text: str) -> object:
+    """stdlib json.loads (exact big integers); its limits raise JsonLimit, syntax errors JSONDecodeError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise JsonLimit("JSON nested too deeply to be an NCCL-side trace") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:   # only the integer-digits limit: a syntax error is the subclass above
+        raise JsonLimit(f"an integer of more than {sys.get_int_max_str_digits()} digits") from None
+
+
 def record_json(record: object) -> str:
     """The source record verbatim as compact JSON; big integers stay exact (stdlib json)."""
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False)

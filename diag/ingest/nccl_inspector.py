@@ -37,9 +37,11 @@ from collections.abc import Mapping
 from diag.errors import BadInput
 from diag.ingest.nccl import (
     Fields,
+    JsonLimit,
     NcclOp,
     SourceParse,
     byte_offset,
+    loads,
     normalize_collective,
     single_rank,
 )
@@ -159,6 +161,8 @@ def _load_line(line: bytes) -> tuple[str, object]:
     except UnicodeDecodeError as e:
         raise _LineError(f"not UTF-8: {e.reason}", e.start) from None
     try:
-        return text, json.loads(text)
+        return text, loads(text)
     except json.JSONDecodeError as e:
         raise _LineError(e.msg, byte_offset(text, e.pos)) from None
+    except JsonLimit as e:
+        raise _LineError(e.reason, 0) from None

@@ -47,10 +47,12 @@ from collections.abc import Mapping
 from diag.errors import BadInput
 from diag.ingest.nccl import (
     Fields,
+    JsonLimit,
     NcclOp,
     SourceParse,
     byte_offset,
     decode_text,
+    loads,
     normalize_collective,
     record_json,
     scaled_ns,
@@ -243,7 +245,9 @@ def loads_lenient(path: str, text: str) -> tuple[object, list[str]]:
         )
     repaired = "".join(pieces)
     try:
-        return json.loads(repaired), warnings
+        return loads(repaired), warnings
+    except JsonLimit as e:
+        raise BadInput(path, e.reason) from None
     except json.JSONDecodeError as e:
         at = source_starts[bisect_right(piece_starts, e.pos) - 1] if piece_starts else 0
         raise BadInput(

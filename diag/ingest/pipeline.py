@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from diag import store
-from diag.errors import BadInput
+from diag.errors import BadInput, printable
 from diag.executor import make_executor
 from diag.ingest.discover import discover, rank_from_name
 from diag.ingest.kineto import SCHEMAS, device_props_for, rank_from_distributed_info, read_kineto
@@ -49,6 +49,7 @@ class IngestOptions:
 class Skipped:
     path: str
     reason: str
+    duplicate: bool = False   # its content is in the store already
 
 
 @dataclass(frozen=True)
@@ -83,13 +84,13 @@ def parse_into(
     same time. Returns the file's trace_files row, or why it was skipped."""
     src = read_source(path, opts.max_bytes)
     if src.content_hash in known:
-        return Skipped(path, "already ingested (same content)")
+        return Skipped(path, "already ingested (same content)", duplicate=True)
     from diag.ingest import nccl
 
     kind = nccl.detect_kind(bytes(src.data[:65536]))
     if kind is not None:
         p = nccl.parse_nccl_file(path, bytes(src.data), rank=opts.rank)
-        row = {"path": path, "content_hash": src.content_hash, "kind": p.kind, "rank": p.rank,
+        row = {"path": printable(path), "content_hash": src.content_hash, "kind": p.kind, "rank": p.rank,
                "rank_source": p.rank_source, "n_events": p.table.num_rows, "has_gpu": False, "partial": False,
                "warnings": list(p.warnings)}
         sink.rank = p.rank
@@ -125,7 +126,7 @@ def parse_into(
         warnings.append("no GPU activity (kernels, memcpy, memset): CPU-only or an unsupported accelerator")
     dev = device_props_for(info.device_props, info.kernel_devices)
     return {
-        "path": path, "content_hash": src.content_hash, "kind": "kineto", "rank": rank, "rank_source": source,
+        "path": printable(path), "content_hash": src.content_hash, "kind": "kineto", "rank": rank, "rank_source": source,
         "world_size": world, "backend": backend, "device_name": None if dev is None else dev.get("name"),
         "device_props": info.device_props, "distributed_info": info.distributed_info,
         "schema_version": info.schema_version, "schema_era": info.schema_era, "time_unit": info.time_unit,
@@ -163,15 +164,25 @@ class _ParquetSpill:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def failed(path: str, e: Exception) -> BadInput:
+    """A file's failure as the one line that names it; the other files go on (issue 15: a file
+    nested 10^6 deep or with a 5000-digit integer once stopped every file after it)."""
+    if isinstance(e, BadInput):
+        return e
+    if isinstance(e, MemoryError):
+        return BadInput(path, "out of memory while parsing; lower --max-bytes or free memory")
+    if isinstance(e, RecursionError):
+        return BadInput(path, "nested too deeply to be a trace")
+    return BadInput(path, f"could not be read: {type(e).__name__}: {e}")
+
+
 def _spill_file(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool) -> Spilled | Skipped | BadInput:
     """Worker entry (a process or a Ray task): parse one file into Parquet. Touches no database."""
     try:
         with _ParquetSpill(opts.spill_dir) as spill:
             out = parse_into(path, known, opts, explicit, spill)
-    except BadInput as e:
-        return e
-    except MemoryError:
-        return BadInput(path, "out of memory while parsing; lower --max-bytes or free memory")
+    except Exception as e:  # noqa: BLE001 - one file's failure, whatever it is, is that file's alone
+        return failed(path, e)
     if isinstance(out, Skipped):
         shutil.rmtree(spill.dir, ignore_errors=True)
         return out
@@ -191,7 +202,7 @@ def ingest(
     result = IngestResult()
     seen: dict[str, str] = store.known_hashes(con)
     jobs = min(opts.jobs or os.cpu_count() or 1, len(files))
-    if opts.jobs is None and sum(os.path.getsize(f) for f in files) < _PARALLEL_BYTES:
+    if opts.jobs is None and sum(_size(f) for f in files) < _PARALLEL_BYTES:
         jobs = 1
     # Ray was asked for by name: its tasks run even where one local process would be quicker.
     workers = bool(files) and (jobs > 1 or opts.executor != "local")
@@ -211,6 +222,13 @@ def ingest(
     return result
 
 
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:   # gone since the scan: reading it says so, as that file's error
+        return 0
+
+
 Outcome = tuple[int, list[str]] | Skipped | BadInput   # (file_id, warnings)
 
 
@@ -225,8 +243,8 @@ def _in_process(
             with store.FileWriter(con) as w:
                 out = parse_into(path, known, opts, path in explicit, w, split)
                 result = out if isinstance(out, Skipped) else _commit(con, out, seen, w)
-        except BadInput as e:
-            result = e
+        except Exception as e:  # noqa: BLE001 - one file's failure, whatever it is, is that file's alone
+            result = failed(path, e)
         yield path, result
 
 
@@ -253,8 +271,8 @@ def _in_workers(
                     for name, parquet in res.parquet.items():
                         w.add_parquet(name, parquet, SCHEMAS[name] if name in SCHEMAS else pq.read_schema(parquet))
                     result: Outcome = _commit(con, res.file_row, seen, w)
-            except BadInput as e:
-                result = e
+            except Exception as e:  # noqa: BLE001 - as in _in_process
+                result = failed(path, e)
             finally:
                 shutil.rmtree(res.spill_dir, ignore_errors=True)
             yield path, result
@@ -264,7 +282,7 @@ def _commit(con: duckdb.DuckDBPyConnection, row: dict[str, Any], seen: dict[str,
     """Finish a file's transaction, unless it duplicates one already in or clashes with one (then
     the writer's `with` block rolls it back)."""
     if row["content_hash"] in seen:
-        return Skipped(row["path"], f"same content as {seen[row['content_hash']]}")
+        return Skipped(row["path"], f"same content as {seen[row['content_hash']]}", duplicate=True)
     _check_window(con, row)
     file_id = w.finish(row)
     seen[row["content_hash"]] = row["path"]

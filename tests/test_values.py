@@ -1,0 +1,104 @@
+"""Values a trace holds that cannot be kept as written (issue 15, item 3): each is refused (exit 2
+naming the file and the event's index in the file) or kept with a counted warning in
+trace_files.warnings and in the report's notes — never stored as garbage with exit 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from helpers import one, run_diag
+
+from diag.errors import BadInput
+from diag.ingest.kineto import read_kineto
+from fixtures.generate import generate
+from fixtures.scenarios import Scenario
+
+
+def _events(n: int = 20) -> list[dict[str, Any]]:
+    return [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 1000.5 + i * 10,
+             "dur": 5, "args": {"External id": i}} for i in range(n)]
+
+
+def _write(path: Path, events: list[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+    return path
+
+
+def _generated(tmp_path: Path) -> Path:
+    d = tmp_path / "gen"
+    generate(Scenario(name="values", world_size=1, steps=2, layers=2), d)
+    return next(d.glob("*.json"))
+
+
+def test_a_time_past_the_int64_ns_range_is_refused_at_its_index_in_the_file(tmp_path: Path) -> None:
+    events = _events()
+    events[15]["ts"] = 1e19        # µs: 1e22 ns, past int64 (it was stored as INT64_MIN)
+    f = _write(tmp_path / "rank-0.json", events)
+    info, chunks = read_kineto(str(f), f.read_bytes(), chunk_bytes=300)   # a few events per chunk
+    with pytest.raises(BadInput, match=r"event 15: ts 1e\+19 µs is beyond"):
+        list(chunks)
+    r = run_diag("ingest", str(f), "--db", str(tmp_path / "x.duckdb"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and str(f) in r.stderr and "event 15" in r.stderr
+
+
+def test_an_event_that_is_not_one_is_named_by_its_index_in_the_file(tmp_path: Path) -> None:
+    events = _events()
+    events[13]["name"] = {"not": "a name"}
+    f = _write(tmp_path / "rank-0.json", events)
+    with pytest.raises(BadInput, match=r"event 13 is not a Kineto event: .* at name"):
+        list(read_kineto(str(f), f.read_bytes(), chunk_bytes=300)[1])
+
+
+def test_named_pids_and_tids_are_mapped_not_dropped(tmp_path: Path) -> None:
+    events = _events(6)
+    for e in events[:3]:
+        e["tid"] = "pt_autograd_0"
+    events[3]["pid"] = "1"                    # a number written as a string reads as that number
+    events[4]["pid"] = events[5]["pid"] = "host-a"
+    f = _write(tmp_path / "rank-0.json", events)
+    db = tmp_path / "x.duckdb"
+    r = run_diag("ingest", str(f), "--db", str(db))
+    assert r.returncode == 0 and "values: 5 pid/tid values were names" in r.stderr, r.stderr
+    con = duckdb.connect(str(db), read_only=True)
+    ids = con.execute("SELECT pid, tid FROM cpu_ops ORDER BY ts_ns").fetchall()
+    con.close()
+    assert len(ids) == 6                                 # every op kept (all were dropped before)
+    named_tid, named_pid = ids[0][1], ids[4][0]
+    assert ids[:3] == [(1, named_tid)] * 3 and named_tid < 0      # one name, one id
+    assert ids[3] == (1, 1) and ids[4] == ids[5] == (named_pid, 1) and named_pid < 0 and named_pid != named_tid
+
+
+def test_events_without_ph_keep_a_gpu_trace_a_gpu_trace(tmp_path: Path) -> None:
+    src = _generated(tmp_path)
+    doc = json.loads(src.read_text())
+    n = len(doc["traceEvents"])
+    for e in doc["traceEvents"]:
+        e.pop("ph", None)
+    f = tmp_path / "run" / "rank-0.json"
+    f.parent.mkdir()
+    f.write_text(json.dumps(doc))
+    r = run_diag("analyze", str(f.parent), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["mfu"] is not None and not any("CPU-only" in note for note in report["notes"])
+    assert any(f"{n} events had no 'ph'" in note for note in report["notes"]), report["notes"]
+    base = json.loads(run_diag("analyze", str(src), "--format", "json").stdout)
+    assert report["ledger"] == base["ledger"]
+
+
+def test_negative_durations_are_kept_as_zero_and_counted(tmp_path: Path) -> None:
+    events = _events()
+    events[2]["dur"] = -3
+    events[7]["dur"] = -0.5
+    f = _write(tmp_path / "rank-0.json", events)
+    db = tmp_path / "x.duckdb"
+    assert run_diag("ingest", str(f), "--db", str(db)).returncode == 0
+    con = duckdb.connect(str(db), read_only=True)
+    assert one(con, "SELECT min(dur_ns), count(*) FILTER (dur_ns = 0) FROM cpu_ops") == (0, 2)
+    warnings = json.loads(one(con, "SELECT warnings FROM trace_files")[0])
+    con.close()
+    assert "values: 2 events had a negative duration; kept with duration 0" in warnings
