@@ -92,6 +92,17 @@ def known_hashes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     return dict(con.execute("SELECT content_hash, path FROM trace_files").fetchall())
 
 
+def drop_file(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Every row of one file, from every table that holds rows of files (the analysis's too)."""
+    tables = con.execute(
+        "SELECT DISTINCT c.table_name FROM duckdb_columns() c JOIN duckdb_tables() t "
+        "ON t.schema_name = c.schema_name AND t.table_name = c.table_name "
+        "WHERE c.column_name = 'file_id' AND c.schema_name = 'main'"
+    ).fetchall()
+    for (table,) in tables:
+        con.execute(f'DELETE FROM "{table}" WHERE file_id = ?', [file_id])
+
+
 # Arrow buffered per file before it is inserted: a few chunks' worth, small beside the chunk's
 # Python objects (a 4 MB chunk of JSON is ~3.5 MB of Arrow).
 FLUSH_BYTES = 16 * 1024**2
@@ -155,17 +166,24 @@ class FileWriter:
             if source == "_incoming":
                 self.con.unregister("_incoming")
 
-    def finish(self, file_row: dict[str, Any]) -> int:
+    def finish(self, file_row: dict[str, Any], update: bool = False) -> int:
+        """Write the file's row and commit. `update`: the rows added belong to a file already in
+        the store (`file_id` set to it: an appended log), whose row takes these values."""
         self.flush()
         row = dict(file_row, file_id=self.file_id,
                    ingested_at=datetime.now(timezone.utc).replace(tzinfo=None))
-        for key in ("device_props", "distributed_info", "warnings"):
+        for key in ("device_props", "distributed_info", "warnings", "read_state"):
             row[key] = None if row.get(key) is None else json.dumps(row[key])
         cols = list(row)
-        self.con.execute(
-            f"INSERT INTO trace_files ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-            [row[c] for c in cols],
-        )
+        if update:
+            cols.remove("file_id")
+            self.con.execute(f"UPDATE trace_files SET {', '.join(f'{c} = ?' for c in cols)} WHERE file_id = ?",
+                             [row[c] for c in cols] + [self.file_id])
+        else:
+            self.con.execute(
+                f"INSERT INTO trace_files ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                [row[c] for c in cols],
+            )
         self.con.execute("COMMIT")
         self.done = True
         return self.file_id

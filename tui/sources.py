@@ -22,7 +22,7 @@ from diag import store
 from diag.api import Opened, analyze_opened, open_store
 from diag.digest import RankDigest
 from diag.engine import AnalyzeOptions
-from diag.errors import BadInput
+from diag.errors import BadInput, printable
 from diag.ingest.discover import discover
 from diag.ingest.pipeline import IngestOptions, ingest
 from tui import queries
@@ -114,6 +114,11 @@ class Live:
     it is read, and any file that fails to read is retried when it changes — it is reported as
     waiting, not as an error. One left unchanged and unreadable for `settle_s` (a killed run's
     truncated file) is shown as stuck, and kept with --salvage.
+
+    A file read before is read again when it changes: NCCL Inspector logs grow for as long as the
+    job runs (each read adds the records appended since the last, diag/ingest/pipeline.py), and
+    a salvaged trace that turns out whole after all replaces what was salvaged. A log being
+    appended to is read as soon as it changes: its parse stops at the last complete record.
     """
 
     def __init__(self, directory: str, db: str | None, opts: AnalyzeOptions, ingest_opts: IngestOptions,
@@ -134,7 +139,7 @@ class Live:
         self._snapshot = empty(directory)
         self._seen: dict[str, _Stat] = {}
         self._failed: dict[str, _Failed] = {}
-        self._done: set[str] = set()
+        self._done: dict[str, _Stat] = {}         # read (ingested, skipped, or salvaged) at this size and time
         self._writing: tuple[str, ...] = ()        # seen changing on the last poll
         self._last_change_s: float | None = None
         self._errors = 0
@@ -168,20 +173,22 @@ class Live:
             return []                      # the directory is not there (yet)
         ready = []
         writing = []
+        appending = self._appending()
         for path in files:
-            if path in self._done:
-                continue
             try:
                 st = os.stat(path)
             except OSError:
                 continue                   # renamed or removed between the scan and the stat
             stat = _Stat(st.st_size, st.st_mtime_ns)
+            if self._done.get(path) == stat:
+                continue
             before = self._seen.get(path)
             self._seen[path] = stat
             if before != stat:
                 self._last_change_s = now
-            # A .json appears whole (renamed into place); anything else must hold still for one poll.
-            steady = path.endswith(".json") or before == stat
+            # A .json appears whole (renamed into place), and a log is read to its last whole record;
+            # anything else must hold still for one poll.
+            steady = path.endswith(".json") or before == stat or printable(path) in appending
             failed = self._failed.get(path)
             if steady and (failed is None or failed.stat != stat):
                 ready.append(path)
@@ -192,24 +199,27 @@ class Live:
 
     def _ingest(self, paths: list[str], opts: IngestOptions, now: float) -> bool:
         result = ingest(paths, self.store.con, opts)
-        for path, _ in result.ingested:
-            self._done.add(path)
+        for path in [p for p, _ in result.ingested] + [s.path for s in result.skipped]:
+            if path in self._seen:
+                self._done[path] = self._seen[path]
             self._failed.pop(path, None)
-        for s in result.skipped:
-            self._done.add(s.path)
-            self._failed.pop(s.path, None)
         for e in result.errors:
             stat = self._seen.get(e.path)
             if stat is None:
                 continue
             if opts.salvage:
-                self._done.add(e.path)     # salvage was the last try: count it out
+                self._done[e.path] = stat  # salvage was the last try: count it out, until it changes
                 self._failed.pop(e.path, None)
                 self._errors += 1
                 continue
             prev = self._failed.get(e.path)
             self._failed[e.path] = _Failed(stat, e.reason, prev.since_s if prev and prev.stat == stat else now)
         return bool(result.ingested)
+
+    def _appending(self) -> set[str]:
+        """Paths (as stored) of the files read up to their last complete record, to be read on from there."""
+        with self.store.reader() as cur:
+            return {p for (p,) in cur.execute("SELECT path FROM trace_files WHERE read_state IS NOT NULL").fetchall()}
 
     def _traces(self) -> int:
         with self.store.reader() as cur:

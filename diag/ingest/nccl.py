@@ -101,13 +101,24 @@ class NcclOp:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """Where a read of an append-only file (NCCL Inspector) stopped: the byte after its last
+    complete record, and what the parser carries to the next read (JSON-able; trace_files.read_state)."""
+
+    offset: int
+    state: Mapping[str, object]
+
+
+@dataclass(frozen=True)
 class SourceParse:
-    """What one parser found: its rows, the rank the file names for itself, and what it had to say."""
+    """What one parser found: its rows, the rank the file names for itself, and what it had to say.
+    `resume`: where to read on from when the file grows (None: the format is read whole)."""
 
     rows: tuple[NcclOp, ...]
     rank: int | None
     rank_source: str | None  # 'content' | 'filename' | None
     warnings: tuple[str, ...]
+    resume: Resume | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,7 @@ class NcclParse:
     rank_source: str | None  # 'content' | 'filename' | 'option' | None when no rank is known
     table: pa.Table
     warnings: tuple[str, ...]
+    resume: Resume | None = None
 
 
 def detect_kind(head: bytes) -> str | None:
@@ -167,10 +179,11 @@ _PROFILER_HEAD = re.compile(
 )
 
 
-def parse_nccl_file(path: str, data: bytes, *, rank: int | None = None) -> NcclParse:
+def parse_nccl_file(path: str, data: bytes, *, rank: int | None = None, resume: Resume | None = None) -> NcclParse:
     """Parse a Flight Recorder dump, NCCL Inspector log or NCCL profiler trace (decompressed bytes).
 
-    `rank` (from the command line) overrides whatever rank the file names for itself.
+    `rank` (from the command line) overrides whatever rank the file names for itself. `resume`: an
+    NCCL Inspector log read before, parsed on from where that read stopped (the table holds the new rows).
     """
     # Imported here because each parser imports NcclOp and Fields from this module.
     from diag.ingest import flight_recorder, nccl_inspector, nccl_profiler
@@ -188,7 +201,7 @@ def parse_nccl_file(path: str, data: bytes, *, rank: int | None = None) -> NcclP
     elif kind == "flight_recorder_json":
         parsed = flight_recorder.parse_json(path, data)
     elif kind == "nccl_inspector":
-        parsed = nccl_inspector.parse(path, data)
+        parsed = nccl_inspector.parse(path, data, resume)
     else:
         parsed = nccl_profiler.parse(path, data)
 
@@ -200,7 +213,7 @@ def parse_nccl_file(path: str, data: bytes, *, rank: int | None = None) -> NcclP
         file_rank, rank_source = rank, "option"
     source = SOURCE_OF_KIND[kind]
     table, table_warnings = ops_table(parsed.rows, source)
-    return NcclParse(source, file_rank, rank_source, table, tuple(warnings + table_warnings))
+    return NcclParse(source, file_rank, rank_source, table, tuple(warnings + table_warnings), parsed.resume)
 
 
 def ops_table(rows: Iterable[NcclOp], source: str) -> tuple[pa.Table, list[str]]:
@@ -266,8 +279,12 @@ class Fields:
     """Typed reads from source records. A value of the wrong type or out of range reads as None
     and is counted, so the file's warnings say how many records lost which field."""
 
-    def __init__(self) -> None:
-        self._unusable: Counter[str] = Counter()
+    def __init__(self, counts: object = None) -> None:
+        """`counts`: what an earlier read of the same file counted (`counts()`), to go on from."""
+        self._unusable: Counter[str] = Counter(counts if isinstance(counts, dict) else {})
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._unusable)
 
     def integer(self, record: Mapping[str, object], key: str, bits: int = 64) -> int | None:
         value = record.get(key)

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from diag.errors import BadInput
 from diag.ingest.nccl import (
     Fields,
     JsonLimit,
     NcclOp,
+    Resume,
     SourceParse,
     byte_offset,
     loads,
@@ -47,45 +49,55 @@ from diag.ingest.nccl import (
 )
 
 
-def parse(path: str, data: bytes) -> SourceParse:
-    fields = Fields()
+def parse(path: str, data: bytes, resume: Resume | None = None) -> SourceParse:
+    """The rows of the lines from `resume.offset` on (the whole file without it). The plugin appends
+    while the job runs: the parse stops after the last complete line, and its `state` carries on
+    what the next read needs (the last header, the next line's number) and the counts its
+    warnings are made of, so a file read in pieces has the rows and warnings of one read whole."""
+    state: Mapping[str, Any] = resume.state if resume is not None else {}
+    start = resume.offset if resume is not None else 0
+    fields = Fields(state.get("unusable"))
     rows: list[NcclOp] = []
-    comm_ranks: list[int] = []
-    context: Mapping[str, object] | None = None
-    skipped = headerless = 0
-    warnings: list[str] = []
-    offset = 0
-    lines = data.split(b"\n")
-    for line_idx, line in enumerate(lines):
-        line_offset, offset = offset, offset + len(line) + 1
-        if not line.strip():
-            continue
-        try:
-            text, record = _load_line(line)
-        except _LineError as e:
-            if line_idx == len(lines) - 1:
-                # No newline after it: the dump thread was still writing this line.
-                warnings.append(f"ignored the unfinished last line ({len(line)} bytes, no newline after it)")
-                continue
-            raise BadInput(
-                path, f"line {line_idx + 1} is not JSON ({e.reason})", line_offset + e.column
-            ) from None
-        if not isinstance(record, dict):
-            skipped += 1
-            continue
-        header = fields.mapping(record, "header")
-        context = header or context
-        perf = fields.mapping(record, "coll_perf")
-        if perf is None:
-            if header is None:
+    ranks: set[int] = set(state.get("ranks", []))
+    context: Mapping[str, object] | None = state.get("context")
+    skipped, headerless = int(state.get("skipped", 0)), int(state.get("headerless", 0))
+    line_idx = int(state.get("next_line", 0))
+    unfinished: list[str] = []
+    pos = start + (state.get("mid_line") is True and data[start : start + 1] == b"\n")
+    read, mid_line = pos, False
+    while pos < len(data):
+        newline = data.find(b"\n", pos)
+        complete = newline >= 0
+        line_end = newline if complete else len(data)
+        line = data[pos:line_end]
+        if not complete and not line.strip():
+            break   # the start of a line still being written: read it whole next time
+        if line.strip():
+            try:
+                text, record = _load_line(line)
+            except _LineError as e:
+                if not complete:
+                    # No newline after it: the dump thread was still writing this line.
+                    unfinished.append(f"ignored the unfinished last line ({len(line)} bytes, no newline after it)")
+                    break
+                raise BadInput(path, f"line {line_idx + 1} is not JSON ({e.reason})", pos + e.column) from None
+            row = _record(line_idx, text, record, context, fields) if isinstance(record, dict) else None
+            if row is None:
                 skipped += 1
-            continue
-        if header is None:
-            headerless += 1
-        rows.append(_op(line_idx, text, context, perf, fields))
-        comm_rank = fields.integer(context, "rank", bits=32) if context is not None else None
-        if comm_rank is not None:
-            comm_ranks.append(comm_rank)
+            else:
+                context, op = row
+                if op is not None:
+                    headerless += not (isinstance(record, dict) and isinstance(record.get("header"), dict))
+                    rows.append(op)
+                    comm_rank = fields.integer(context, "rank", bits=32) if context is not None else None
+                    if comm_rank is not None:
+                        ranks.add(comm_rank)
+        # A last line complete as JSON but without its newline yet is read; its newline, when it
+        # comes, is not a line of its own.
+        pos = read = line_end + 1 if complete else line_end
+        mid_line = not complete
+        line_idx += 1
+    warnings = []
     if skipped:
         warnings.append(f"skipped {skipped} line(s) with neither 'coll_perf' nor 'header'")
     if headerless:
@@ -93,10 +105,26 @@ def parse(path: str, data: bytes) -> SourceParse:
             f"{headerless} coll_perf line(s) without a header took the last header seen before them"
         )
     warnings.extend(fields.warnings())
-    rank, rank_warnings = single_rank(comm_ranks, "communicator ranks")
+    rank, rank_warnings = single_rank(ranks, "communicator ranks")
+    after = {"next_line": line_idx, "mid_line": mid_line, "context": context, "ranks": sorted(ranks),
+             "skipped": skipped, "headerless": headerless, "unusable": fields.counts()}
     return SourceParse(
-        tuple(rows), rank, "content" if rank is not None else None, tuple(warnings + rank_warnings)
+        tuple(rows), rank, "content" if rank is not None else None, tuple(unfinished + warnings + rank_warnings),
+        Resume(read, after),
     )
+
+
+def _record(
+    line_idx: int, text: str, record: Mapping[str, object], context: Mapping[str, object] | None, f: Fields
+) -> tuple[Mapping[str, object] | None, NcclOp | None] | None:
+    """(the header in force after this line, its row if it has a coll_perf), or None when the line
+    has neither a header nor a coll_perf."""
+    header = f.mapping(record, "header")
+    context = header or context
+    perf = f.mapping(record, "coll_perf")
+    if perf is None:
+        return None if header is None else (context, None)
+    return context, _op(line_idx, text, context, perf, f)
 
 
 def _op(

@@ -9,12 +9,14 @@ ones; a file whose content hash is already in the store adds 0 rows.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import duckdb
@@ -26,7 +28,7 @@ from diag.errors import BadInput, printable
 from diag.executor import make_executor
 from diag.ingest.discover import discover, rank_from_name
 from diag.ingest.kineto import SCHEMAS, device_props_for, rank_from_distributed_info, read_kineto
-from diag.ingest.source import DEFAULT_MAX_BYTES, read_source
+from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
 
 # Below this much input, starting worker processes (each imports pyarrow, msgspec, numpy: ~1 s)
 # costs more than it saves.
@@ -70,32 +72,65 @@ class IngestResult:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Prior:
+    """A file in the store whose path may hold more by now: an append-only NCCL-side log (read on
+    from where it stopped), or a trace salvaged up to damage (replaced by its longer version)."""
+
+    file_id: int
+    kind: str
+    n_events: int
+    read_bytes: int | None
+    read_hash: str | None
+    read_state: dict[str, Any] | None
+
+
+def priors(con: duckdb.DuckDBPyConnection) -> dict[str, Prior]:
+    """Such files, by path as stored."""
+    rows = con.execute(
+        "SELECT path, file_id, kind, n_events, read_bytes, read_hash, read_state FROM trace_files "
+        "WHERE partial OR read_state IS NOT NULL OR kind IN ('nccl_inspector', 'nccl_profiler') ORDER BY file_id"
+    ).fetchall()
+    return {r[0]: Prior(r[1], r[2], r[3], r[4], r[5], None if r[6] is None else json.loads(r[6])) for r in rows}
+
+
 class Sink(Protocol):
     rank: int | None
+    file_id: int        # the file the rows belong to: set to an earlier one's when they are appended to it
 
     def add(self, tables: dict[str, pa.Table]) -> None: ...
 
 
 def parse_into(
-    path: str, known: frozenset[str], opts: IngestOptions, explicit: bool, sink: Sink, split: bool = False
+    path: str, known: frozenset[str], opts: IngestOptions, explicit: bool, sink: Sink, split: bool = False,
+    prior: Prior | None = None,
 ) -> dict[str, Any] | Skipped:
     """Read, detect and parse one file, pushing its tables into `sink` as they are parsed (its
     rank set first); with `split`, a big file's second half is parsed in a forked child at the
-    same time. Returns the file's trace_files row, or why it was skipped."""
-    src = read_source(path, opts.max_bytes)
+    same time. Returns the file's trace_files row, or why it was skipped. `prior`: the file read
+    before at this path (see Prior): the row says whether it appends to it or replaces it."""
+    src = read_source(path, opts.max_bytes, salvage=opts.salvage)
     if src.content_hash in known:
         return Skipped(path, "already ingested (same content)", duplicate=True)
     from diag.ingest import nccl
 
+    grown = prior is not None and prior.read_bytes is not None and len(src.data) >= prior.read_bytes and \
+        _hash(src, prior.read_bytes) == prior.read_hash
     kind = nccl.detect_kind(bytes(src.data[:65536]))
     if kind is not None:
-        p = nccl.parse_nccl_file(path, bytes(src.data), rank=opts.rank)
+        resume = None
+        if grown and prior is not None and prior.kind == kind == "nccl_inspector" and prior.read_state is not None:
+            resume = nccl.Resume(int(prior.read_bytes or 0), prior.read_state)
+            sink.file_id = prior.file_id
+        p = nccl.parse_nccl_file(path, bytes(src.data), rank=opts.rank, resume=resume)
+        read = len(src.data) if p.resume is None else p.resume.offset
         row = {"path": printable(path), "content_hash": src.content_hash, "kind": p.kind, "rank": p.rank,
-               "rank_source": p.rank_source, "n_events": p.table.num_rows, "has_gpu": False, "partial": False,
-               "warnings": list(p.warnings)}
+               "rank_source": p.rank_source, "n_events": p.table.num_rows + (prior.n_events if resume and prior else 0),
+               "has_gpu": False, "partial": False, "warnings": list(src.warnings) + list(p.warnings),
+               "read_bytes": read, "read_hash": _hash(src, read), "read_state": None if p.resume is None else p.resume.state}
         sink.rank = p.rank
         sink.add({"nccl_ops": p.table})
-        return row
+        return _against(row, prior, len(src.data), grown, appended=resume is not None)
     if src.data.find(b'"traceEvents"') < 0:
         if explicit:
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)
@@ -125,15 +160,42 @@ def parse_into(
     if not info.has_gpu:
         warnings.append("no GPU activity (kernels, memcpy, memset): CPU-only or an unsupported accelerator")
     dev = device_props_for(info.device_props, info.kernel_devices)
-    return {
+    row = {
         "path": printable(path), "content_hash": src.content_hash, "kind": "kineto", "rank": rank, "rank_source": source,
         "world_size": world, "backend": backend, "device_name": None if dev is None else dev.get("name"),
         "device_props": info.device_props, "distributed_info": info.distributed_info,
         "schema_version": info.schema_version, "schema_era": info.schema_era, "time_unit": info.time_unit,
         "base_time_ns": info.base_time_ns, "first_ts_ns": info.first_ts_ns, "last_ts_ns": info.last_ts_ns,
         "n_events": info.n_events, "has_gpu": info.has_gpu, "partial": info.partial,
-        "damage_offset": info.damage_offset, "warnings": warnings + info.warnings,
+        "damage_offset": info.damage_offset, "warnings": [*src.warnings, *warnings, *info.warnings],
+        "read_bytes": len(src.data), "read_hash": src.content_hash,
     }
+    return _against(row, prior, len(src.data), grown, appended=False)
+
+
+def _hash(src: SourceBytes, n: int) -> str:
+    """sha256 of the first n bytes."""
+    return src.content_hash if n == len(src.data) else hashlib.sha256(memoryview(src.data)[:n]).hexdigest()
+
+
+def _against(row: dict[str, Any], prior: Prior | None, size: int, grown: bool, appended: bool) -> dict[str, Any]:
+    """The row, marked to append to the file read before at its path (`appends_to`) or to replace it
+    (`replaces`): a log that grew, or a salvaged trace whose whole version has come; a file that
+    changed before where it was read is a new file, said in a warning."""
+    if prior is None:
+        return row
+    if appended:
+        return {**row, "appends_to": prior.file_id}
+    if not grown:
+        if prior.read_bytes is None:
+            why = "read before without a record of where that read stopped"
+        elif size < prior.read_bytes:
+            why = f"shrank to {size} bytes from the {prior.read_bytes} read before"
+        else:
+            why = f"changed within the {prior.read_bytes} bytes read before"
+        row["warnings"] = [f"{why}: read as a new file, in place of the {prior.n_events} records read from "
+                           "this path before"] + row["warnings"]
+    return {**row, "replaces": prior.file_id}
 
 
 class _ParquetSpill:
@@ -141,6 +203,7 @@ class _ParquetSpill:
 
     def __init__(self, parent: str | None) -> None:
         self.rank: int | None = None
+        self.file_id = -1   # the parent's writer numbers the rows (an appended log's: the row's appends_to)
         if parent is not None:
             os.makedirs(parent, exist_ok=True)
         self.dir = tempfile.mkdtemp(prefix="diag-spill-", dir=parent)
@@ -176,11 +239,13 @@ def failed(path: str, e: Exception) -> BadInput:
     return BadInput(path, f"could not be read: {type(e).__name__}: {e}")
 
 
-def _spill_file(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool) -> Spilled | Skipped | BadInput:
+def _spill_file(
+    path: str, known: frozenset[str], opts: IngestOptions, explicit: bool, prior: Prior | None
+) -> Spilled | Skipped | BadInput:
     """Worker entry (a process or a Ray task): parse one file into Parquet. Touches no database."""
     try:
         with _ParquetSpill(opts.spill_dir) as spill:
-            out = parse_into(path, known, opts, explicit, spill)
+            out = parse_into(path, known, opts, explicit, spill, prior=prior)
     except Exception as e:  # noqa: BLE001 - one file's failure, whatever it is, is that file's alone
         return failed(path, e)
     if isinstance(out, Skipped):
@@ -199,6 +264,7 @@ def ingest(
     if opts.rank is not None and len(files) > 1:
         raise BadInput(paths[0], "--rank names the rank of one file; it was given with several")
     known = frozenset(store.known_hashes(con))
+    before = priors(con)
     result = IngestResult()
     seen: dict[str, str] = store.known_hashes(con)
     jobs = min(opts.jobs or os.cpu_count() or 1, len(files))
@@ -206,15 +272,15 @@ def ingest(
         jobs = 1
     # Ray was asked for by name: its tasks run even where one local process would be quicker.
     workers = bool(files) and (jobs > 1 or opts.executor != "local")
-    outcomes = _in_workers(files, con, known, opts, explicit, seen, jobs) if workers else \
-        _in_process(files, con, known, opts, explicit, seen)
+    outcomes = _in_workers(files, con, known, opts, explicit, seen, jobs, before) if workers else \
+        _in_process(files, con, known, opts, explicit, seen, before)
     for i, (path, outcome) in enumerate(outcomes):
         if progress:
             progress(i + 1, len(files), path)
         if isinstance(outcome, BadInput):
             result.errors.append(outcome)
         elif isinstance(outcome, Skipped):
-            result.skipped.append(outcome)
+            result.skipped.append(replace(outcome, path=path))   # as found, not as stored
         else:
             result.ingested.append((path, outcome[0]))
             result.warnings.extend(f"{path}: {w}" for w in outcome[1])
@@ -234,14 +300,14 @@ Outcome = tuple[int, list[str]] | Skipped | BadInput   # (file_id, warnings)
 
 def _in_process(
     files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
-    explicit: list[str], seen: dict[str, str],
+    explicit: list[str], seen: dict[str, str], before: dict[str, Prior],
 ) -> Iterator[tuple[str, Outcome]]:
     # One file at a time here, so a big one may take both halves of a two-core machine (--jobs 1: not).
     split = hasattr(os, "fork") and (opts.jobs or os.cpu_count() or 1) > 1
     for path in files:
         try:
             with store.FileWriter(con) as w:
-                out = parse_into(path, known, opts, path in explicit, w, split)
+                out = parse_into(path, known, opts, path in explicit, w, split, before.get(printable(path)))
                 result = out if isinstance(out, Skipped) else _commit(con, out, seen, w)
         except Exception as e:  # noqa: BLE001 - one file's failure, whatever it is, is that file's alone
             result = failed(path, e)
@@ -250,12 +316,12 @@ def _in_process(
 
 def _in_workers(
     files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
-    explicit: list[str], seen: dict[str, str], jobs: int,
+    explicit: list[str], seen: dict[str, str], jobs: int, before: dict[str, Prior],
 ) -> Iterator[tuple[str, Outcome]]:
     """Parse on `jobs` workers of `opts.executor` (Ray: the cluster's CPUs unless --jobs says),
     at most two files per worker in flight (bounded spill)."""
     with make_executor(opts.executor, opts.jobs if opts.executor == "ray" else jobs) as ex:
-        calls = ((f, known, opts, f in explicit) for f in files)
+        calls = ((f, known, opts, f in explicit, before.get(printable(f))) for f in files)
         for path, res in zip(files, ex.imap(_spill_file, calls), strict=True):
             if not isinstance(res, Spilled):
                 yield path, res
@@ -268,6 +334,7 @@ def _in_workers(
             try:
                 with store.FileWriter(con) as w:
                     w.rank = res.file_row["rank"]
+                    w.file_id = res.file_row.get("appends_to", w.file_id)
                     for name, parquet in res.parquet.items():
                         w.add_parquet(name, parquet, SCHEMAS[name] if name in SCHEMAS else pq.read_schema(parquet))
                     result: Outcome = _commit(con, res.file_row, seen, w)
@@ -283,8 +350,16 @@ def _commit(con: duckdb.DuckDBPyConnection, row: dict[str, Any], seen: dict[str,
     the writer's `with` block rolls it back)."""
     if row["content_hash"] in seen:
         return Skipped(row["path"], f"same content as {seen[row['content_hash']]}", duplicate=True)
+    row = dict(row)
+    appends_to, replaces = row.pop("appends_to", None), row.pop("replaces", None)
+    if replaces is not None:
+        store.drop_file(con, replaces)
+    if appends_to is not None:
+        # The file's rank is that of all its lines: the new ones may have settled or changed it.
+        con.execute("UPDATE nccl_ops SET rank = ? WHERE file_id = ? AND rank IS DISTINCT FROM ?",
+                    [row["rank"], appends_to, row["rank"]])
     _check_window(con, row)
-    file_id = w.finish(row)
+    file_id = w.finish(row, update=appends_to is not None)
     seen[row["content_hash"]] = row["path"]
     return file_id, list(row.get("warnings") or [])
 

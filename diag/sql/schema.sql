@@ -37,6 +37,12 @@ CREATE TABLE IF NOT EXISTS trace_files (
     warnings         JSON,                  -- list of one-line warnings raised while ingesting
     ingested_at      TIMESTAMP NOT NULL
 );
+-- Where the last read of a file stopped (added after version 1; old stores gain them here). A file
+-- seen again at the same path is read on from read_bytes when its first read_bytes still hash to
+-- read_hash (an NCCL Inspector log the job appends to), and is otherwise a new file that replaces this one.
+ALTER TABLE trace_files ADD COLUMN IF NOT EXISTS read_bytes BIGINT;   -- decompressed bytes read (to the end of the last complete record)
+ALTER TABLE trace_files ADD COLUMN IF NOT EXISTS read_hash VARCHAR;   -- sha256 (hex) of those bytes
+ALTER TABLE trace_files ADD COLUMN IF NOT EXISTS read_state JSON;     -- what the parser carries to the next read (NULL: the format is read whole)
 
 -- CPU-side spans: cpu_op / Operator, user_annotation, python_function and any other host 'X'
 -- event that is not a runtime/driver call. ProfilerStep#N, Optimizer.step#..., DataLoader and
