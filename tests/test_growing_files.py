@@ -176,3 +176,20 @@ def test_live_salvages_a_stuck_gzip_and_takes_its_whole_version(tmp_path: Path) 
         live.poll()
     with live.store.reader() as cur:
         assert one(cur, "SELECT count(*), bool_or(partial) FROM trace_files") == (1, False)
+
+
+def test_a_grown_profiler_dump_replaces_what_was_read_of_it(tmp_path: Path) -> None:
+    """The profiler plugin's dump is one JSON array, read whole: a longer version of it replaces
+    the rows of the shorter, under one file row (before, both stayed: each record twice)."""
+    whole = (Path(__file__).parent / "data" / "nccl" / "example_profiler_4242_1.json").read_bytes()
+    dump = tmp_path / "example_profiler_4242_1.json"
+    dump.write_bytes(whole[: whole.index(b"\n", len(whole) // 2) + 1])    # cut between two events
+    db = tmp_path / "x.duckdb"
+    first = run_diag("ingest", str(dump), "--db", str(db))
+    assert first.returncode == 0 and "without its closing ']'" in first.stderr, first.stderr
+    dump.write_bytes(whole)
+    assert run_diag("ingest", str(dump), "--db", str(db)).returncode == 0
+    con = duckdb.connect(str(db), read_only=True)
+    assert one(con, "SELECT count(*) FROM trace_files") == (1,)
+    assert _ops(con) == _whole(tmp_path, dump)
+    con.close()

@@ -102,3 +102,15 @@ def test_negative_durations_are_kept_as_zero_and_counted(tmp_path: Path) -> None
     warnings = json.loads(one(con, "SELECT warnings FROM trace_files")[0])
     con.close()
     assert "values: 2 events had a negative duration; kept with duration 0" in warnings
+
+
+@pytest.mark.parametrize(("head", "said"), [
+    ({"baseTimeNanoseconds": 10**23}, "baseTimeNanoseconds"),
+    ({"schemaVersion": 2**40}, "schemaVersion"),
+    ({"distributedInfo": {"rank": 10**11}}, "rank 100000000000 (from distributedInfo) is not a rank"),
+])
+def test_header_values_past_their_column_are_refused_by_name(tmp_path: Path, head: dict[str, Any], said: str) -> None:
+    f = tmp_path / "rank-0.json"
+    f.write_text(json.dumps({"distributedInfo": {"rank": 0}, **head, "traceEvents": _events()}))
+    r = run_diag("ingest", str(f), "--db", str(tmp_path / "x.duckdb"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr and "Exception" not in r.stderr

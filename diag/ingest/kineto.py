@@ -20,7 +20,7 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -102,15 +102,20 @@ class _RawArgs(msgspec.Struct, gc=False):
     args: msgspec.Raw = _NO_RAW
 
 
+# The store's column types: a value beyond them is refused by name, not by a failed insert.
+_Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+_Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
 class _Head(msgspec.Struct, gc=False):
     """The document with the events left as raw text: metadata plus where the events are."""
 
     traceEvents: msgspec.Raw = _NO_RAW
-    schemaVersion: int | None = None
+    schemaVersion: _Int32 | None = None
     deviceProperties: msgspec.Raw = _NO_RAW
     distributedInfo: msgspec.Raw = _NO_RAW
     displayTimeUnit: str | None = None
-    baseTimeNanoseconds: int | None = None
+    baseTimeNanoseconds: _Int64 | None = None
 
 
 _head_decoder = msgspec.json.Decoder(_Head)

@@ -154,6 +154,8 @@ def parse_into(
                 "name it rank-N.json or pass --rank N",
             )
         warnings.append(f"rank {rank} taken from the file name (no distributedInfo.rank)")
+    if not 0 <= rank < 2**31:   # trace_files.rank is an INTEGER
+        raise BadInput(path, f"rank {rank} (from {source}) is not a rank")
     sink.rank = rank
     for tables in chunks:
         sink.add(tables)
