@@ -20,6 +20,7 @@ from helpers import one, run_diag
 
 from diag import store
 from diag.engine import AnalyzeOptions
+from diag.ingest.nccl import parse_nccl_file
 from diag.ingest.pipeline import IngestOptions, ingest
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
@@ -39,6 +40,18 @@ def _inspector_line(i: int, header: bool = True) -> bytes:
 
 
 LOG = b"".join(_inspector_line(i, header=i % 3 != 1) for i in range(12))
+
+
+def test_a_log_read_in_two_pieces_is_the_log_read_whole() -> None:
+    """Cut anywhere (inside a line, after a line without its newline yet, in the newline run),
+    the second read goes on from where the first stopped: the same rows, warnings and state."""
+    log = LOG[: LOG.index(b"\n") + 1] + b"\n" + LOG[LOG.index(b"\n") + 1 :]    # and a blank line
+    whole = parse_nccl_file("x.log", log)
+    for cut in range(LOG.index(b"{", 1), len(log) + 1):
+        first = parse_nccl_file("x.log", log[:cut])
+        rest = parse_nccl_file("x.log", log, resume=first.resume)
+        assert first.table.to_pylist() + rest.table.to_pylist() == whole.table.to_pylist(), cut
+        assert (rest.warnings, rest.resume) == (whole.warnings, whole.resume), cut
 
 
 def _ops(con: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
@@ -97,7 +110,7 @@ def test_ingest_again_adds_only_the_new_records(tmp_path: Path) -> None:
     first = run_diag("ingest", str(log), "--db", str(db))
     assert first.returncode == 0 and "unfinished last line" in first.stderr, first.stderr
     log.write_bytes(LOG)
-    again = run_diag("ingest", str(log), "--db", str(db))
+    again = run_diag("ingest", str(log), "--db", str(db), "--jobs", "2")    # parsed in a worker process
     assert again.returncode == 0 and "events=12" in again.stdout, again.stderr
     con = duckdb.connect(str(db), read_only=True)
     assert one(con, "SELECT count(*), count(DISTINCT path) FROM trace_files") == (1, 1)
