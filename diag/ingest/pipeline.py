@@ -4,7 +4,9 @@ A file is parsed in chunks (kineto.read_kineto). With one worker the chunks stre
 the store; with several, each worker (a spawned process, or a Ray task: diag/executor.py) parses
 whole files and spills their chunks to Parquet, which the parent (the one writer DuckDB allows)
 loads in one transaction per file. A bad file leaves nothing behind and never blocks the good
-ones; a file whose content hash is already in the store adds 0 rows.
+ones; a file whose content hash is already in the store adds 0 rows. A file seen again at a
+path already in the store (Prior) is read on from where the last read stopped when it only grew
+(an NCCL Inspector log: its new records), and otherwise replaces the file read before.
 """
 
 from __future__ import annotations
@@ -118,19 +120,7 @@ def parse_into(
         _hash(src, prior.read_bytes) == prior.read_hash
     kind = nccl.detect_kind(bytes(src.data[:65536]))
     if kind is not None:
-        resume = None
-        if grown and prior is not None and prior.kind == kind == "nccl_inspector" and prior.read_state is not None:
-            resume = nccl.Resume(int(prior.read_bytes or 0), prior.read_state)
-            sink.file_id = prior.file_id
-        p = nccl.parse_nccl_file(path, bytes(src.data), rank=opts.rank, resume=resume)
-        read = len(src.data) if p.resume is None else p.resume.offset
-        row = {"path": printable(path), "content_hash": src.content_hash, "kind": p.kind, "rank": p.rank,
-               "rank_source": p.rank_source, "n_events": p.table.num_rows + (prior.n_events if resume and prior else 0),
-               "has_gpu": False, "partial": False, "warnings": list(src.warnings) + list(p.warnings),
-               "read_bytes": read, "read_hash": _hash(src, read), "read_state": None if p.resume is None else p.resume.state}
-        sink.rank = p.rank
-        sink.add({"nccl_ops": p.table})
-        return _against(row, prior, len(src.data), grown, appended=resume is not None)
+        return _nccl_file(path, src, kind, opts, sink, prior, grown)
     if src.data.find(b'"traceEvents"') < 0:
         if explicit:
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)
@@ -173,6 +163,29 @@ def parse_into(
         "read_bytes": len(src.data), "read_hash": src.content_hash,
     }
     return _against(row, prior, len(src.data), grown, appended=False)
+
+
+def _nccl_file(
+    path: str, src: SourceBytes, kind: str, opts: IngestOptions, sink: Sink, prior: Prior | None, grown: bool
+) -> dict[str, Any]:
+    """An NCCL-side file's row. An Inspector log that only grew since it was read is parsed on from
+    where that read stopped, and its new rows go to that file (`sink.file_id`)."""
+    from diag.ingest import nccl
+
+    resume = None
+    if grown and prior is not None and prior.kind == kind == "nccl_inspector" and prior.read_state is not None:
+        resume = nccl.Resume(int(prior.read_bytes or 0), prior.read_state)
+        sink.file_id = prior.file_id
+    p = nccl.parse_nccl_file(path, bytes(src.data), rank=opts.rank, resume=resume)
+    read = len(src.data) if p.resume is None else p.resume.offset
+    before = prior.n_events if resume is not None and prior is not None else 0
+    row = {"path": printable(path), "content_hash": src.content_hash, "kind": p.kind, "rank": p.rank,
+           "rank_source": p.rank_source, "n_events": before + p.table.num_rows, "has_gpu": False, "partial": False,
+           "warnings": [*src.warnings, *p.warnings], "read_bytes": read, "read_hash": _hash(src, read),
+           "read_state": None if p.resume is None else p.resume.state}
+    sink.rank = p.rank
+    sink.add({"nccl_ops": p.table})
+    return _against(row, prior, len(src.data), grown, appended=resume is not None)
 
 
 def _hash(src: SourceBytes, n: int) -> str:
