@@ -206,3 +206,18 @@ def test_a_grown_profiler_dump_replaces_what_was_read_of_it(tmp_path: Path) -> N
     assert one(con, "SELECT count(*) FROM trace_files") == (1,)
     assert _ops(con) == _whole(tmp_path, dump)
     con.close()
+
+
+def test_lines_appended_with_another_rank_unsettle_the_rank_of_the_rows_read_before(tmp_path: Path) -> None:
+    log = tmp_path / "node-017-pid1639453.log"
+    log.write_bytes(LOG)
+    con = store.connect(None)
+    ingest([str(log)], con)
+    assert con.execute("SELECT DISTINCT rank FROM nccl_ops").fetchall() == [(2,)]
+    with open(log, "ab") as f:
+        f.write(_inspector_line(12).replace(b'"rank":2', b'"rank":3'))
+    ingest([str(log)], con)
+    rows = _ops(con)
+    con.close()
+    assert rows == _whole(tmp_path, log) and {r[6] for r in rows} == {None}
+    assert "2 different communicator ranks" in rows[0][2]
