@@ -84,6 +84,8 @@ def test_exit_2_when_no_file_made_it_in(tmp_path: Path) -> None:
 def test_live_polls_go_on_past_a_bad_file(tmp_path: Path) -> None:
     """The bad files land first; the traces after them are still ingested, poll after poll."""
     d = _run_dir(tmp_path, good=False)
+    with open(os.path.join(os.fsencode(d), b"bad-\xff-pid4.log"), "w") as f:   # shown escaped, as it waits
+        f.write(BAD[b"digits-pid2.log"])
     live = Live(str(d), None, AnalyzeOptions(), IngestOptions())
     for _ in range(2):   # a .log must hold still one poll before it is read
         live.poll()
@@ -92,4 +94,4 @@ def test_live_polls_go_on_past_a_bad_file(tmp_path: Path) -> None:
     for _ in range(3):
         snap = live.poll() or snap
     assert snap is not None and snap.live is not None and snap.live.files == 2
-    assert {Path(p.path).name for p in snap.live.pending} == {n.decode() for n in BAD}
+    assert {Path(p.path).name for p in snap.live.pending} == {n.decode() for n in BAD} | {"bad-\\xff-pid4.log"}

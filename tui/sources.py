@@ -230,8 +230,11 @@ class Live:
         with self.store.reader() as cur:
             rep = queries.reported(cur)
         idle = None if self._last_change_s is None else now - self._last_change_s
-        pending = tuple(PendingFile(p, self._seen[p].size, "being written", False) for p in self._writing) + tuple(
-            PendingFile(p, f.stat.size, f.reason, now - f.since_s >= self.settle_s)
+        # Paths as text the screen can draw: a name that is not UTF-8 shows its odd bytes escaped.
+        pending = tuple(
+            PendingFile(printable(p), self._seen[p].size, "being written", False) for p in self._writing
+        ) + tuple(
+            PendingFile(printable(p), f.stat.size, f.reason, now - f.since_s >= self.settle_s)
             for p, f in sorted(self._failed.items()) if p not in self._writing
         )
         following = idle is None or idle < self.idle_s
