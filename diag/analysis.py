@@ -8,6 +8,7 @@ from typing import Any
 from diag.clocks import ClockOffset
 from diag.collectives import Matched
 from diag.digest import RankDigest
+from diag.hardware import Part
 from diag.ledger import StepLedger
 from diag.states import StepStates
 from diag.timeline import RankTimeline
@@ -37,6 +38,7 @@ class RankContext:
 
     tl: RankTimeline
     hbm_gbps: float | None        # the part's (--gpu, or this rank's device properties), None if unknown
+    part: Part | None = None      # that part (SMs, peaks), None if unknown
 
 
 @dataclass(frozen=True)
@@ -65,12 +67,21 @@ class Finding:
     summary: str                  # one line: what was found, with the numbers
     what_if_mfu: float | None     # the MFU if this cause were removed
     details: dict[str, Any] = field(default_factory=dict)
+    # The ledger bucket this finding explains (None: not a time bucket, as MFU007's denominator).
+    bucket: str | None = field(kw_only=True)
+    # Of step time, the part a fix can plausibly win: all of an exposed collective; for GEMMs only
+    # the gap to what their shape can reach on this part. Findings are ranked by it.
+    recoverable_fraction: float = field(kw_only=True)
 
     @property
     def mfu_points(self) -> float:
         # At the dense peak the whole step would be model compute: each bucket's share of the step
         # is the MFU points it takes from 100% (the waterfall sums to the achieved MFU).
         return self.lost_fraction * 100
+
+    @property
+    def recoverable_points(self) -> float:
+        return self.recoverable_fraction * 100
 
 
 @dataclass

@@ -21,7 +21,7 @@ from diag.states import StateRuns, StepStates, Waitable, exposed_comm_ns, rank_s
 from diag.timeline import MATMUL_CLASSES, RankTimeline, Steps
 
 # cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math.
-_TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm", re.IGNORECASE)
+TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm", re.IGNORECASE)
 
 
 @dataclass
@@ -74,7 +74,7 @@ def _gemm_dtype_flops(tl: RankTimeline) -> dict[str, float]:
         if d == "fp32":
             name = name or ""
             if name not in tf32:
-                tf32[name] = bool(_TF32_KERNEL.search(name))
+                tf32[name] = bool(TF32_KERNEL.search(name))
             d = "tf32" if tf32[name] else d
         if d:
             weight[d] += f

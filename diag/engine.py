@@ -112,7 +112,7 @@ def _map_timeline(con: duckdb.DuckDBPyConnection, tl: RankTimeline, rules: list[
                   gpu: hardware.Part | None) -> tuple[RankDigest, dict[str, pa.Table]]:
     digest, runs = digest_rank(con, tl)
     part = gpu or (ident.part if tl.device_props and (ident := hardware.identify(tl.device_props)) else None)
-    ctx = RankContext(tl, part.hbm_gbps if part else None)
+    ctx = RankContext(tl, part.hbm_gbps if part else None, part)
     digest.rules = {r.code: d for r in rules if (d := r.digest(ctx)) is not None}
     return digest, tables.rank_rows(tl, runs)
 
@@ -167,7 +167,10 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
             f"model FLOPs at the peak exceed the compute time by {refused:.3g} s in total: the model "
             "description is larger than what ran, or the peak is below what the part did"
         )
-    findings = sorted((f for r in rules for f in r.findings(run)), key=lambda f: (-f.lost_fraction, f.code))
+    # Ranked by what a fix can win, so a run whose GEMMs sit at a normal 70% of peak still leads with
+    # its real, fixable cause; then by what it costs.
+    findings = sorted((f for r in rules for f in r.findings(run)),
+                      key=lambda f: (-f.recoverable_fraction, -f.lost_fraction, f.code))
     tables.write_run(con, run)
     return Analysis(run, findings, spec, flops_source)
 

@@ -66,8 +66,8 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def _finding(f: Any) -> dict[str, Any]:
     return {
-        "code": f.code, "slug": f.slug, "severity": f.severity, "lost_fraction": f.lost_fraction,
-        "lost_s": f.lost_s, "mfu_points": f.mfu_points, "what_if_mfu": f.what_if_mfu, "ranks": f.ranks,
+        "code": f.code, "slug": f.slug, "severity": f.severity, "bucket": f.bucket, "lost_fraction": f.lost_fraction,
+        "recoverable_fraction": f.recoverable_fraction, "lost_s": f.lost_s, "mfu_points": f.mfu_points, "what_if_mfu": f.what_if_mfu, "ranks": f.ranks,
         "steps": f.steps, "evidence": f.evidence, "advice": f.advice, "summary": f.summary, "details": f.details,
     }
 
@@ -119,6 +119,15 @@ def _mfu_points(r: dict[str, Any]) -> str:
     return "unknown" if r["mfu"] is None else f"{r['ledger']['model_compute'] * 100:.1f}"
 
 
+def _of(f: dict[str, Any]) -> str:
+    """Which bucket a finding explains and how much of it a fix can win (where that is less)."""
+    if f["bucket"] is None:
+        return ""
+    win = f["recoverable_fraction"] * 100
+    gain = f", {win:.1f} recoverable" if abs(win - f["mfu_points"]) >= 0.05 else ""
+    return f" of {f['bucket']}{gain}"
+
+
 def render_text(r: dict[str, Any]) -> str:
     lines = ["diag — where the step went", *_header(r), ""]
     lines.append("waterfall (MFU points, mean over ranks and steps)")
@@ -130,10 +139,10 @@ def render_text(r: dict[str, Any]) -> str:
         lines.append(_worst(r))
     lines.append("")
     if r["findings"]:
-        lines.append("findings, by cost")
+        lines.append("findings, by what a fix can win")
         for i, f in enumerate(r["findings"], 1):
             wi = f" → MFU {_pct(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"] else ""
-            lines.append(f" {i}. {f['code']} {f['slug']} [{f['severity']}] {f['mfu_points']:.1f} pts{wi}")
+            lines.append(f" {i}. {f['code']} {f['slug']} [{f['severity']}] {f['mfu_points']:.1f} pts{_of(f)}{wi}")
             lines.append(f"    {f['summary']}")
             lines.append(f"    do: {f['advice']}")
     else:
@@ -156,7 +165,7 @@ def render_markdown(r: dict[str, Any]) -> str:
     if not r["findings"]:
         out.append("No findings above their thresholds.")
     for f in r["findings"]:
-        out += [f"### {f['code']} {f['slug']} — {f['severity']}, {f['mfu_points']:.1f} points", "",
+        out += [f"### {f['code']} {f['slug']} — {f['severity']}, {f['mfu_points']:.1f} points{_of(f)}", "",
                 f"{f['summary']}", "", f"**What to do:** {f['advice']}", ""]
         if f["ranks"]:
             out.append(f"Ranks: {', '.join(map(str, f['ranks'][:32]))}{' …' if len(f['ranks']) > 32 else ''}  ")

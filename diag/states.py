@@ -179,7 +179,7 @@ def exposed_comm_ns(tl: RankTimeline) -> dict[int, int]:
     comm = kernel & (tl.kclass == "comm")
     if not comm.any():
         return {}
-    cs, ce = _union(tl.ts_ns[kernel & ~comm], tl.end_ns[kernel & ~comm])
+    cs, ce = union(tl.ts_ns[kernel & ~comm], tl.end_ns[kernel & ~comm])
     idx = np.nonzero(comm)[0]
     s, e = tl.ts_ns[idx], tl.end_ns[idx]
     return {int(i): int(v) for i, v in zip(idx, (e - s) - covered_ns(s, e, cs, ce), strict=True)}
@@ -187,21 +187,10 @@ def exposed_comm_ns(tl: RankTimeline) -> dict[int, int]:
 
 def covered_ns(s: I64, e: I64, us: I64, ue: I64) -> I64:
     """How much of each [s, e) the sorted disjoint intervals [us, ue) cover."""
-    if not len(us):
-        return np.zeros(len(s), np.int64)
-    covered_before = np.concatenate([[0], np.cumsum(ue - us)])
-
-    def coverage(t: I64) -> I64:
-        """Length of the union before each time t."""
-        j = np.searchsorted(us, t, side="right")          # intervals starting at or before t
-        full = covered_before[np.clip(j - 1, 0, None)]
-        partial = np.where(j > 0, np.minimum(t, ue[np.clip(j - 1, 0, None)]) - us[np.clip(j - 1, 0, None)], 0)
-        return np.where(j > 0, full + np.clip(partial, 0, None), 0)
-
-    return coverage(e) - coverage(s)
+    return covered(us, ue, e) - covered(us, ue, s)
 
 
-def _union(s: I64, e: I64) -> tuple[I64, I64]:
+def union(s: I64, e: I64) -> tuple[I64, I64]:
     """Merge intervals into a sorted disjoint union."""
     if len(s) == 0:
         return s, e
@@ -213,3 +202,64 @@ def _union(s: I64, e: I64) -> tuple[I64, I64]:
     starts = np.nonzero(new)[0]
     ends = np.append(starts[1:], len(s)) - 1
     return s[starts], reach[ends]
+
+
+@dataclass(frozen=True)
+class IdleGaps:
+    """Each stretch of a step window with nothing running on the GPU, split as the ledger splits
+    idle time: the part before the next activity's launch call returned (host_bound, less the data
+    loader) and the rest (idle_other, less the data loader). MFU010 and MFU013 tell these apart by
+    cause; their shares of gap time divide the ledger's buckets."""
+
+    step: I64             # index into the rank's steps
+    start_ns: I64
+    end_ns: I64
+    host_ns: I64          # host-bound part (launch not yet returned), data loader excluded
+    other_ns: I64         # the rest, data loader excluded
+    at_window_end: npt.NDArray[np.bool_]   # the gap runs to the end of its step window
+    before_ns: I64        # duration of the activity that ended where the gap starts (-1: none)
+
+
+def idle_gaps(tl: RankTimeline) -> IdleGaps:
+    wstart, wend = tl.steps.start_ns, tl.steps.end_ns
+    bs, be = union(tl.ts_ns, tl.end_ns)
+    starts, ends, steps = [], [], []
+    for i in range(len(wstart)):
+        # The complement of the busy union inside window i.
+        lo, hi = int(wstart[i]), int(wend[i])
+        j0 = int(np.searchsorted(be, lo, side="right"))
+        j1 = int(np.searchsorted(bs, hi, side="left"))
+        edges_s = np.concatenate([[lo], np.clip(be[j0:j1], lo, hi)])
+        edges_e = np.concatenate([np.clip(bs[j0:j1], lo, hi), [hi]])
+        keep = edges_e > edges_s
+        starts.append(edges_s[keep])
+        ends.append(edges_e[keep])
+        steps.append(np.full(int(keep.sum()), i, np.int64))
+    a = np.concatenate(starts).astype(np.int64) if starts else np.zeros(0, np.int64)
+    b = np.concatenate(ends).astype(np.int64) if ends else np.zeros(0, np.int64)
+    step = np.concatenate(steps) if steps else np.zeros(0, np.int64)
+    launch_end = np.asarray(tl.acts.column("launch_end").fill_null(-1), np.int64)
+    nxt = np.searchsorted(tl.ts_ns, b, side="left")
+    has = nxt < len(tl)
+    le = np.where(has, launch_end[np.clip(nxt, 0, max(len(tl) - 1, 0))] if len(tl) else -1, -1)
+    host_end = np.where(le >= 0, np.clip(np.minimum(b, le), a, b), a)
+    ds, de = union(*tl.dataloader_spans)
+    host = (host_end - a) - covered_ns(a, host_end, ds, de)
+    other = (b - host_end) - covered_ns(host_end, b, ds, de)
+    by_end = np.argsort(tl.end_ns, kind="stable")
+    last = np.searchsorted(tl.end_ns[by_end], a, side="right") - 1
+    prev = by_end[np.clip(last, 0, None)] if len(tl) else last
+    before = np.where(last >= 0, (tl.end_ns - tl.ts_ns)[prev] if len(tl) else -1, -1)
+    return IdleGaps(step, a, b, host.astype(np.int64), other.astype(np.int64), b == wend[step],
+                    before.astype(np.int64))
+
+
+def covered(cs: I64, ce: I64, t: I64) -> I64:
+    """Length of the disjoint sorted intervals (cs, ce) before each time t."""
+    if len(cs) == 0:
+        return np.zeros(len(t), np.int64)
+    before = np.concatenate([[0], np.cumsum(ce - cs)])
+    j = np.searchsorted(cs, t, side="right")
+    k = np.clip(j - 1, 0, None)
+    partial = np.where(j > 0, np.clip(np.minimum(t, ce[k]) - cs[k], 0, None), 0)
+    return np.where(j > 0, before[k] + partial, 0).astype(np.int64)

@@ -46,6 +46,20 @@ class Steps:
 
 
 
+@dataclass(frozen=True)
+class HostMarks:
+    """Host events that explain GPU idle time: calls that wait for the GPU (`sync`: stream/device/
+    event synchronize, blocking cudaMemcpy, `.item()`'s aten::_local_scalar_dense), optimizer steps
+    (`optimizer`) and the profiler's own work (`profiler`: Kineto's overhead events)."""
+
+    kind: list[str]
+    name: list[str]
+    start_ns: I64
+    end_ns: I64
+    op: list[str | None]          # the innermost CPU op around it (None: none recorded)
+    caller: list[str | None]      # the innermost Python frame around it (with_stack traces)
+
+
 def _listed(column: str, strings: bool = False) -> functools.cached_property[list[Any]]:
     """A RankTimeline attribute: one of its `acts` columns as a Python list, made once."""
     def read(tl: RankTimeline) -> list[Any]:
@@ -66,8 +80,8 @@ class RankTimeline:
     gpus_per_node: int | None           # deviceProperties lists every GPU of the host
     steps: Steps
     # Parallel columns over activities. `acts` holds those read from the store as they came
-    # (read_rank: source, name, device, stream, ts, end, correlation, launch_ts, launch_end, ext,
-    # launch_tid): rank_rows writes them out as they are, and Python reads them by index through
+    # (read_rank: source, name, device, stream, ts, end, bytes (copies), correlation, launch_ts, launch_end,
+    # ext, launch_tid): rank_rows writes them out as they are, and Python reads them by index through
     # the list properties below, made on first use.
     acts: pa.Table
     kernel: npt.NDArray[np.bool_]      # an SM kernel (source 'kernel'), not a copy-engine event
@@ -85,6 +99,7 @@ class RankTimeline:
     trace_flops: list[float | None]
     step_of: I64                      # step index (into steps) per activity, -1 when launched outside
     dataloader_spans: tuple[I64, I64]
+    host_marks: HostMarks | None = None
     host_timeline: bool = False       # no GPU activity: the activities are host ops (CPU-only run)
     warnings: list[str] = field(default_factory=list)
 
@@ -120,6 +135,7 @@ class RankRows:
     host: bool
     ops: pa.Table                         # _CPU_OPS
     spans: list[tuple[Any, ...]]          # ProfilerStep spans: name, start, end
+    marks: pa.Table                       # _HOST_MARKS
 
 
 def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
@@ -166,7 +182,8 @@ def read_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankRows:
         """,
         [file_id],
     ).fetchall()
-    return RankRows(file_id, tuple(meta), acts, host, _arrow(con, _CPU_OPS, [file_id]), spans)
+    return RankRows(file_id, tuple(meta), acts, host, _arrow(con, _CPU_OPS, [file_id]), spans,
+                    _arrow(con, _HOST_MARKS, {"f": file_id}))
 
 
 def build_rank(rows: RankRows) -> RankTimeline:
@@ -192,7 +209,21 @@ def build_rank(rows: RankRows) -> RankTimeline:
         acts=acts, kernel=kernel, kclass=_CLASS_NAMES[kclass], collective=collective, ts_ns=ts, end_ns=end,
         op_name=_take(ops.column("name"), op_idx), op_external_id=_take(ops.column("external_id"), op_idx),
         phase=phase, flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops,
-        step_of=step_of, dataloader_spans=(op_ts[dl], op_end[dl]), host_timeline=rows.host and len(ts) > 0,
+        step_of=step_of, dataloader_spans=(op_ts[dl], op_end[dl]),
+        host_marks=_host_marks(rows.marks, ops, op_tid, op_ts, op_end), host_timeline=rows.host and len(ts) > 0,
+    )
+
+
+def _host_marks(marks: pa.Table, ops: pa.Table, tid: I64, ts: I64, end: I64) -> HostMarks:
+    """The marks with the CPU op and the Python frame each ran inside (innermost on its thread)."""
+    m_tid, m_ts = _ints(marks.column("tid")), _ints(marks.column("ts"))
+    inner = containing(tid, ts, end, m_tid, m_ts)
+    py = np.asarray(pc.equal(ops.column("cat"), "python_function").fill_null(False), bool)
+    caller = containing(tid[py], ts[py], end[py], m_tid, m_ts)
+    names = ops.column("name")
+    return HostMarks(
+        _strings(marks.column("kind")), _strings(marks.column("name")), m_ts, _ints(marks.column("end")),
+        _take(names, inner), _take(names.filter(pa.array(py)), caller),
     )
 
 
@@ -288,13 +319,14 @@ _ACTIVITIES = """
         FROM runtime_calls WHERE file_id = $f AND correlation IS NOT NULL AND correlation <> 0
         GROUP BY correlation
     ), act AS (
-        SELECT 'kernel' AS source, name, device, stream, ts_ns, ts_ns + dur_ns AS end_ns, correlation, external_id
+        SELECT 'kernel' AS source, name, device, stream, ts_ns, ts_ns + dur_ns AS end_ns, correlation, external_id,
+               NULL::BIGINT AS bytes
         FROM kernels WHERE file_id = $f
         UNION ALL
-        SELECT kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id
+        SELECT kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id, bytes
         FROM copies WHERE file_id = $f
     )
-    SELECT act.source, act.name, act.device, act.stream, act.ts_ns AS ts, act.end_ns AS "end",
+    SELECT act.source, act.name, act.device, act.stream, act.ts_ns AS ts, act.end_ns AS "end", act.bytes,
            act.correlation, launch.ts AS launch_ts, launch."end" AS launch_end,
            coalesce(nullif(act.external_id, 0), launch.ext) AS ext, launch.tid AS launch_tid
     FROM act LEFT JOIN launch ON launch.correlation = act.correlation
@@ -304,15 +336,32 @@ _ACTIVITIES = """
 # A host op is its own launch (it belongs to the step it ran in) and never waits for one.
 _HOST_ACTIVITIES = """
     SELECT 'kernel' AS source, name, NULL::INTEGER AS device, tid AS stream, ts_ns AS ts, ts_ns + dur_ns AS "end",
-           NULL::BIGINT AS correlation, ts_ns AS launch_ts, NULL::BIGINT AS launch_end, external_id AS ext,
+           NULL::BIGINT AS bytes, NULL::BIGINT AS correlation, ts_ns AS launch_ts, NULL::BIGINT AS launch_end, external_id AS ext,
            tid AS launch_tid
     FROM cpu_ops
     WHERE file_id = ? AND ((cat = 'cpu_op' AND name LIKE 'aten::%') OR name LIKE 'gloo:%')
     ORDER BY ts_ns, ts_ns + dur_ns
 """
 
+# Host calls that wait for the GPU, optimizer steps and the profiler's own overhead (HostMarks).
+_HOST_MARKS = """
+    SELECT 'sync' AS kind, name, coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end"
+    FROM runtime_calls WHERE file_id = $f AND name IN (
+        'cudaStreamSynchronize', 'cudaDeviceSynchronize', 'cudaEventSynchronize', 'cudaMemcpy',
+        'cuStreamSynchronize', 'cuCtxSynchronize', 'cuEventSynchronize', 'hipStreamSynchronize',
+        'hipDeviceSynchronize', 'hipEventSynchronize', 'hipMemcpy')
+    UNION ALL
+    SELECT CASE WHEN name LIKE 'Optimizer.step#%' THEN 'optimizer' ELSE 'sync' END, name, coalesce(tid, -1),
+           ts_ns, ts_ns + dur_ns
+    FROM cpu_ops WHERE file_id = $f AND (name = 'aten::_local_scalar_dense' OR name LIKE 'Optimizer.step#%')
+    UNION ALL
+    SELECT 'profiler', name, -1, ts_ns, ts_ns + coalesce(dur_ns, 0)
+    FROM other_events WHERE file_id = $f AND cat = 'overhead' AND ts_ns IS NOT NULL
+    ORDER BY ts
+"""
+
 _CPU_OPS = """
-    SELECT coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, fwd_tid, external_id,
+    SELECT coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, cat, fwd_tid, external_id,
            input_dims::VARCHAR AS dims, input_types::VARCHAR AS types, trace_flops,
            CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete
     FROM cpu_ops WHERE file_id = ? ORDER BY coalesce(tid, -1), ts_ns, dur_ns DESC

@@ -83,6 +83,7 @@ class ExposedCollectives(Rule[Params]):
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("exposed_comm"), ranks, steps,
             evidence, advice, summary, run.what_if(frac),
             {"groups": [g.as_dict(rank_steps) for g in top]},
+            bucket="exposed_comm", recoverable_fraction=frac,   # all of it: overlap hides it entirely
         )]
 
     def _groups(self, run: RunContext) -> list[_Group]:

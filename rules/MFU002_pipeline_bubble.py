@@ -83,6 +83,8 @@ class PipelineBubble(Rule[Params]):
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("pipeline_bubble"), ranks, steps,
             [f"step:{lg.rank}:{lg.step}" for lg in run.ledgers if lg.fractions()["pipeline_bubble"] > 0][:20],
             advice, summary, run.what_if(frac), detail,
+            # More microbatches, interleaving or a zero-bubble schedule shrink the bubble toward none.
+            bucket="pipeline_bubble", recoverable_fraction=frac,
         )]
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from diag import gemm_shape
 from diag.analysis import Finding, RankContext, RunContext, StepContext, severity
 from diag.ledger import StepLedger
 from rules.base import Rule
@@ -16,11 +17,30 @@ from rules.base import Rule
 
 @dataclass(frozen=True)
 class Params:
-    # Hopper's cuBLAS/CUTLASS GEMMs run 128×128 or 128×256 CTA tiles (wgmma is 64×N×16 per
-    # warpgroup); a dimension under 128 leaves most of every tile idle.
-    min_dim: int = 128
     min_fraction: float = 0.01
     top_shapes: int = 10
+
+
+@dataclass(frozen=True)
+class ThinShape:
+    """Why one GEMM shape cannot fill the part."""
+
+    m: int
+    n: int
+    k: int
+    tiles: int | None
+    sms: int
+    intensity: float | None
+    ridge: float | None
+    attention: bool              # a batched matmul with a head-sized dimension (attention by hand)
+
+    def why(self) -> str:
+        parts = []
+        if self.tiles is not None and self.tiles < self.sms:
+            parts.append(f"{self.tiles} output tiles for {self.sms} SMs (under one wave)")
+        if self.intensity is not None and self.ridge is not None and self.intensity < self.ridge:
+            parts.append(f"{self.intensity:.0f} FLOP/byte under the ridge point {self.ridge:.0f}")
+        return " and ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -32,28 +52,29 @@ class ThinGemmDigest:
     step: npt.NDArray[np.int64]         # step index, -1 outside every step
     dur_s: npt.NDArray[np.float64]
     flops: npt.NDArray[np.float64]
-    mnk: list[tuple[int, int, int]]
+    shape: list[ThinShape]
     healthy_tflops: npt.NDArray[np.float64]   # achieved TFLOP/s of each well-shaped GEMM
 
 
-def is_thin(mnk: tuple[int, int, int] | None, min_dim: int) -> bool:
-    return mnk is not None and min(mnk) < min_dim
-
-
 class ThinGemms(Rule[Params]):
-    """GEMMs with a dimension too small to fill the tensor cores.
+    """GEMMs whose shape cannot fill the GPU.
 
-    What it finds: GEMM kernels whose M, N or K is below `min_dim` (from the op's recorded
-    shapes), grouped by shape, with the TFLOP/s they reached against what this run's
-    well-shaped GEMMs reach. The time they spend beyond their FLOPs at the dense peak is
-    claimed as `thin_gemm`.
+    What it finds: GEMM kernels (M, N, K from the op's recorded shapes) that on the identified part
+    either have fewer output tiles than SMs — one partial wave at the tile the kernel name gives
+    (nvjet_tst_128x256_...) or the part's usual one (data/gemm_ceiling.csv): 256 tokens × 4096 on an
+    H100 is 2 · 16 = 32 tiles of 128×256 for 132 SMs — or do fewer FLOPs per byte than the part's
+    ridge point (dense peak ÷ HBM bandwidth: 295 on H100 SXM bf16). The time they spend beyond
+    their FLOPs at the dense peak is claimed as `thin_gemm`; what a fix can win is the time beyond
+    their FLOPs at the rate this run's well-shaped GEMMs reach (measured, never the datasheet).
 
-    Why it costs MFU: a thin GEMM keeps the whole GPU busy while most of each tile computes
-    padding; tensor parallelism split too fine (hidden/TP) or tiny microbatches are the usual cause.
+    Why it costs MFU: a GEMM that cannot give every SM a tile leaves SMs idle for its whole
+    duration; one under the ridge point waits on memory instead of computing. Tensor parallelism
+    split too fine, tiny microbatches and attention written as plain matmuls are the usual causes.
 
-    What to do: lower the tensor-parallel degree (`--tensor-model-parallel-size`) so per-GPU
-    shards stay ≥ 128 wide, raise the micro-batch size, pad vocab/hidden to multiples of 128,
-    or fuse the small projections.
+    What to do: raise the micro-batch size (tokens per GEMM), lower the tensor-parallel degree
+    (`--tensor-model-parallel-size`), fuse small projections (QKV in one GEMM); attention-shaped
+    matmuls (K or N = head_dim under `aten::bmm`) belong in fused attention
+    (`F.scaled_dot_product_attention`, FlashAttention).
     """
 
     code = "MFU003"
@@ -62,17 +83,22 @@ class ThinGemms(Rule[Params]):
     claim_order = 30
     Params = Params
 
-    def digest(self, ctx: RankContext) -> ThinGemmDigest:
-        tl = ctx.tl
+    def digest(self, ctx: RankContext) -> ThinGemmDigest | None:
+        tl, part = ctx.tl, ctx.part
+        if part is None:
+            return None   # thin is a property of the shape on a part: unknown part, no judgement
         thin: list[int] = []
-        shapes: list[tuple[int, int, int]] = []
+        shapes: list[ThinShape] = []
         healthy: list[float] = []
+        names, moved = tl.name, tl.bytes_moved
         for i, mnk in enumerate(tl.gemm_mnk):
             if tl.kclass[i] != "gemm" or mnk is None or tl.flops[i] <= 0:
                 continue
-            if is_thin(mnk, self.params.min_dim):
+            f = gemm_shape.fit(mnk, float(tl.flops[i]), moved[i], names[i] or "", part, tl.dtype[i])
+            if f.thin:
                 thin.append(i)
-                shapes.append(mnk)
+                shapes.append(ThinShape(*mnk, f.tiles, f.sms, f.intensity, f.ridge,
+                                        gemm_shape.attention_shaped(tl.op_name[i], mnk)))
             elif tl.end_ns[i] > tl.ts_ns[i]:
                 healthy.append(tl.flops[i] / ((tl.end_ns[i] - tl.ts_ns[i]) * 1e-9) / 1e12)
         idx = np.asarray(thin, np.int64)
@@ -94,32 +120,70 @@ class ThinGemms(Rule[Params]):
         frac = run.mean_fraction("thin_gemm")
         if frac < self.params.min_fraction:
             return []
-        shapes: dict[tuple[int, int, int], list[tuple[float, float]]] = defaultdict(list)
-        evidence: dict[tuple[int, int, int], list[str]] = defaultdict(list)
-        digests: list[ThinGemmDigest] = [r.rules[self.code] for r in run.ranks if self.code in r.rules]
+        shapes: dict[ThinShape, list[tuple[float, float]]] = defaultdict(list)
+        evidence: dict[ThinShape, list[str]] = defaultdict(list)
+        digests: list[ThinGemmDigest] = [r.rules[self.code] for r in run.ranks if r.rules.get(self.code)]
         for d in digests:
-            for j, mnk in enumerate(d.mnk):
+            for j, s in enumerate(d.shape):
                 if d.dur_s[j] > 0:
-                    shapes[mnk].append((float(d.flops[j] / d.dur_s[j] / 1e12), float(d.dur_s[j])))
-                    evidence[mnk].append(f"act:{d.file_id}:{d.act[j]}")
+                    shapes[s].append((float(d.flops[j] / d.dur_s[j] / 1e12), float(d.dur_s[j])))
+                    evidence[s].append(f"act:{d.file_id}:{d.act[j]}")
         healthy = np.concatenate([d.healthy_tflops for d in digests]) if digests else np.zeros(0)
-        possible = float(np.median(healthy)) if len(healthy) else run.peak.tflops
+        measured = float(np.median(healthy)) if len(healthy) else None
+        ceiling = gemm_shape.ceiling_of(run.peak.part_key)
+        # What a reshaped GEMM would reach: this run's well-shaped GEMMs, else the part's ceiling.
+        target = measured or (ceiling.ceiling * run.peak.tflops if ceiling and run.peak.tflops else None)
         worst = sorted(shapes, key=lambda s: -sum(d for _, d in shapes[s]))[: self.params.top_shapes]
         rows = [{
-            "m": s[0], "n": s[1], "k": s[2], "count": len(shapes[s]), "time_ms": sum(d for _, d in shapes[s]) * 1e3,
-            "achieved_tflops": statistics.median(r for r, _ in shapes[s]), "possible_tflops": possible,
+            "m": s.m, "n": s.n, "k": s.k, "count": len(shapes[s]), "time_ms": sum(d for _, d in shapes[s]) * 1e3,
+            "achieved_tflops": statistics.median(r for r, _ in shapes[s]), "output_tiles": s.tiles, "sms": s.sms,
+            "flop_per_byte": s.intensity, "ridge_flop_per_byte": s.ridge, "why": s.why(),
+            "attention_shaped": s.attention,
         } for s in worst]
         ranks, steps = run.involved("thin_gemm", 0.0)
         summary = f"thin GEMMs lose {frac:.1%} of the step"
-        if worst and possible:
-            m, n, k = worst[0]
-            achieved = statistics.median(r for r, _ in shapes[worst[0]])
-            summary += (f"; worst shape M={m} N={n} K={k} reaches {achieved:.0f} TFLOP/s where this run's "
-                        f"other GEMMs reach {possible:.0f}")
-        advice = ("keep every GEMM dimension >= 128 per GPU: lower --tensor-model-parallel-size, raise the "
-                  "micro-batch size, pad hidden/vocab to multiples of 128, fuse small projections")
-        ev = [e for s in worst for e in evidence[s][:3]]
+        if worst:
+            s = worst[0]
+            achieved = statistics.median(r for r, _ in shapes[s])
+            summary += f"; worst shape M={s.m} N={s.n} K={s.k}: {s.why()}, {achieved:.0f} TFLOP/s"
+            summary += (f" where this run's other GEMMs reach {measured:.0f}" if measured is not None
+                        else "; no well-shaped GEMM in this run to compare with")
+        attention_s = sum(d for s in shapes if s.attention for _, d in shapes[s])
+        total_s = sum(d for s in shapes for _, d in shapes[s])
+        if total_s and attention_s >= total_s / 2:
+            advice = ("the thin GEMMs are attention written as batched matmuls (K or N = head_dim under aten::bmm): "
+                      "use fused attention (F.scaled_dot_product_attention, FlashAttention)")
+        else:
+            advice = ("give each GEMM enough tokens to fill the GPU: raise the micro-batch size, lower "
+                      "--tensor-model-parallel-size, fuse small projections (QKV in one GEMM)")
+            if attention_s:
+                advice += "; attention done as batched matmuls belongs in F.scaled_dot_product_attention"
+        recoverable = _recoverable(run, digests, target)
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("thin_gemm"), ranks, steps,
-            ev, advice, summary, run.what_if(frac), {"shapes": rows, "min_dim": self.params.min_dim},
+            [e for s in worst for e in evidence[s][:3]], advice, summary, run.what_if(frac),
+            {"shapes": rows, "other_gemms_tflops": measured, "target_tflops": target,
+             "target_source": _target_source(measured, ceiling if target else None)},
+            bucket="thin_gemm", recoverable_fraction=min(recoverable, frac) if target else frac,
         )]
+
+
+def _recoverable(run: RunContext, digests: list[ThinGemmDigest], target_tflops: float | None) -> float:
+    """Mean over rank-steps of Σ (thin GEMM time − its FLOPs at the target rate) ÷ step time."""
+    if not target_tflops or not run.ledgers:
+        return 0.0
+    windows = {k: st.window_ns * 1e-9 for k, st in run.states.items()}
+    total = 0.0
+    for d in digests:
+        gain = np.maximum(d.dur_s - d.flops / (target_tflops * 1e12), 0.0)
+        for step in np.unique(d.step[d.step >= 0]).tolist():
+            w = windows.get((d.file_id, step))
+            if w:
+                total += float(gain[d.step == step].sum()) / w
+    return total / len(run.ledgers)
+
+
+def _target_source(measured: float | None, ceiling: gemm_shape.Ceiling | None) -> str | None:
+    if measured is not None:
+        return "measured: median of this run's well-shaped GEMMs"
+    return f"{ceiling.ceiling:.0%} of the dense peak ({ceiling.source})" if ceiling else None

@@ -81,4 +81,5 @@ class Recompute(Rule[Params]):
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("recompute"), ranks, steps,
             evidence, advice, summary, run.what_if(frac),
             {"kind": kind, "recompute_over_forward_flops": ratio, "hfu_minus_mfu": gap},
+            bucket="recompute", recoverable_fraction=frac,   # memory freed otherwise needs no replay
         )]

@@ -70,4 +70,5 @@ class Stragglers(Rule[Params]):
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("straggler"), culprits, steps,
             [e for r in culprits for e in evidence[r][:10]], advice, summary, run.what_if(frac),
             {"waited_for_s": {str(r): w for r, w in ranked}, "last_arrivals": {str(r): n for r, n in last_count.items()}},
+            bucket="straggler", recoverable_fraction=frac,   # a healthy late rank arrives with the rest
         )]

@@ -60,4 +60,5 @@ class DataloaderStall(Rule[Params]):
         return [Finding(
             self.code, self.slug, sev, frac, run.mean_seconds("dataloader"), ranks, steps, evidence, advice,
             summary, run.what_if(frac), {"fine_below": self.params.fine_fraction, "severe_above": self.params.severe_fraction},
+            bucket="dataloader", recoverable_fraction=frac,   # a prefetched batch is ready when the step starts
         )]

@@ -54,6 +54,7 @@ class SparsePeak(Rule[Params]):
             summary, run.mfu,
             {"given_peak_tflops": user, "dense_peak_tflops": dense, "part": part.key, "dtype": dtype,
              "mfu_dense": run.mfu, "mfu_with_given_peak": wrong, "reported_mfu_points_lost": points * 100},
+            bucket=None, recoverable_fraction=0.0,   # the denominator: no step time to win
         )]
 
 

@@ -118,6 +118,7 @@ class KernelInefficiency(Rule[Params]):
             self.code, self.slug, severity(frac * 100), frac, frac * _mean_window(run), ranks, [],
             [e for k in worst for e in evidence[k][:EVIDENCE]], advice, summary, run.what_if(frac),
             {"kernels": rows, "hbm_gbps": hbm},
+            bucket="non_matmul", recoverable_fraction=frac,   # the time beyond bytes at HBM bandwidth
         )]
 
 

@@ -11,6 +11,11 @@ from rules.MFU005_stragglers import Stragglers
 from rules.MFU006_dataloader_stall import DataloaderStall
 from rules.MFU007_sparse_peak import SparsePeak
 from rules.MFU008_kernel_inefficiency import KernelInefficiency
+from rules.MFU009_slow_gemms import SlowGemms
+from rules.MFU010_host_bound import HostBound
+from rules.MFU011_copies import Copies
+from rules.MFU012_unfused_elementwise import UnfusedElementwise
+from rules.MFU013_idle import Idle
 
 RULES: tuple[type[Rule[Any]], ...] = (
     ExposedCollectives,
@@ -21,6 +26,11 @@ RULES: tuple[type[Rule[Any]], ...] = (
     DataloaderStall,
     SparsePeak,
     KernelInefficiency,
+    SlowGemms,
+    HostBound,
+    Copies,
+    UnfusedElementwise,
+    Idle,
 )
 
 __all__ = ["RULES", "Rule"]

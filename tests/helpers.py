@@ -49,3 +49,20 @@ def one(con: Any, sql: str, params: Any = ()) -> tuple[Any, ...]:
     row = con.execute(sql, params).fetchone()
     assert row is not None, sql
     return tuple(row)
+
+
+# DESIGN.md's invariant: a bucket holding this share of the step or more must be explained.
+EXPLAIN_AT = 0.05
+
+
+def unexplained_buckets(report: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Buckets other than model_compute with ≥ 5% of the step whose findings (naming the bucket)
+    sum to less than half of it: {bucket: (share, explained)}."""
+    out = {}
+    for bucket, share in report["ledger"].items():
+        if bucket == "model_compute" or share < EXPLAIN_AT:
+            continue
+        explained = sum(f["lost_fraction"] for f in report["findings"] if f["bucket"] == bucket)
+        if explained < share / 2:
+            out[bucket] = (share, explained)
+    return out

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import kineto_traces, run_diag, shared_traces
+from helpers import kineto_traces, run_diag, shared_traces, unexplained_buckets
 
 from diag.api import analyze_path
 from diag.ingest.pipeline import IngestOptions
@@ -16,7 +16,8 @@ from diag.ledger import BUCKETS
 
 CONTRACT = {"schema", "world_size", "steps", "device", "step_time_s", "mfu", "hfu", "ledger", "ledger_by_rank",
             "findings", "clock_offsets_us"}
-FINDING = {"code", "slug", "severity", "lost_fraction", "lost_s", "ranks", "steps", "evidence", "advice"}
+FINDING = {"code", "slug", "severity", "bucket", "lost_fraction", "recoverable_fraction", "lost_s", "ranks", "steps",
+           "evidence", "advice"}
 
 
 def _traces() -> list[Path]:
@@ -38,6 +39,11 @@ def test_analyze_runs_to_the_end_and_the_ledger_sums(trace: Path) -> None:
     assert set(report["ledger"]) == set(BUCKETS)
     for f in report["findings"]:
         assert set(f) >= FINDING
+    # DESIGN.md's invariant: every bucket but model_compute with ≥ 5% of the step is explained by
+    # findings naming it whose lost_fraction sums to at least half of it.
+    assert unexplained_buckets(report) == {}, trace.name
+    recoverable = [f["recoverable_fraction"] for f in report["findings"]]
+    assert recoverable == sorted(recoverable, reverse=True)
     if report["mfu"] is not None:
         assert 0 < report["mfu"] <= 1 and report["hfu"] >= report["mfu"]
 

@@ -1,0 +1,219 @@
+"""MFU009 slow-gemms."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from diag import gemm_shape
+from diag.analysis import Finding, RankContext, RunContext, severity
+from diag.digest import TF32_KERNEL
+from rules.base import Rule
+
+
+@dataclass(frozen=True)
+class Params:
+    min_fraction: float = 0.01
+    top_shapes: int = 8
+
+
+# cuBLAS names its split-K kernels (and the reduction after them) in the kernel name.
+_SPLIT_K = re.compile(r"split_?k|splitK", re.IGNORECASE)
+# The ops PyTorch launches a layout change under: a transpose made contiguous before the GEMM.
+_LAYOUT_OPS = frozenset({"aten::copy_", "aten::clone", "aten::contiguous"})
+EVIDENCE = 3
+
+
+@dataclass
+class ShapeClass:
+    """One GEMM/attention shape on one rank: what ran, and what about it a user can change."""
+
+    kind: str                               # gemm | attention
+    op: str | None
+    mnk: tuple[int, int, int] | None
+    dtype: str | None
+    kernel: str
+    count: int = 0
+    time_s: float = 0.0
+    flops: float = 0.0
+    bytes: float = 0.0                      # 0: unknown
+    causes: set[str] = field(default_factory=set)
+    evidence: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        return (self.kind, self.op, self.mnk, self.dtype)
+
+
+@dataclass(frozen=True)
+class SlowGemmDigest:
+    file_id: int
+    classes: list[ShapeClass]
+    cls: npt.NDArray[np.int64]              # per kernel: index into classes
+    step: npt.NDArray[np.int64]
+    dur_s: npt.NDArray[np.float64]
+    flops: npt.NDArray[np.float64]
+
+
+def causes_of(mnk: tuple[int, int, int] | None, dtype: str | None, kernel: str, op: str | None,
+              after_layout_copy: bool) -> set[str]:
+    """What about one GEMM a user can change, each as the advice that fixes it."""
+    out = set()
+    if mnk is not None:
+        align = 16 if dtype == "fp8" else 8
+        if any(d % align for d in mnk):
+            out.add(f"pad M, N, K to multiples of {align} (tensor cores need it; 64 is best)")
+        elif any(d % 64 for d in mnk):
+            out.add("pad M, N, K to multiples of 64 (whole tiles)")
+    if dtype == "fp32" and not TF32_KERNEL.search(kernel):
+        out.add("fp32 matmuls without TF32: torch.backends.cuda.matmul.allow_tf32 = True "
+                "(or torch.set_float32_matmul_precision('high')), or train in bf16")
+    if after_layout_copy:
+        out.add("a transpose is copied before the GEMM: keep weights/activations in the layout the GEMM reads")
+    if _SPLIT_K.search(kernel):
+        out.add("split-K on a small shape: batch more tokens per GEMM")
+    if gemm_shape.attention_shaped(op, mnk):
+        out.add("attention as batched matmuls: use F.scaled_dot_product_attention / FlashAttention")
+    return out
+
+
+class SlowGemms(Rule[Params]):
+    """GEMMs and attention kernels slower than their shape can run on this part.
+
+    What it finds: the `gemm_inefficiency` bucket — time GEMM and attention kernels spend beyond
+    their FLOPs at the dense peak, thin GEMMs (MFU003) aside. Per shape class (op, M×N×K, dtype)
+    it compares the achieved TFLOP/s with what that shape can reach on this part: the roofline of
+    its arithmetic intensity (FLOPs ÷ bytes × HBM bandwidth), capped at the fraction of the dense
+    peak the best kernels reach there (data/gemm_ceiling.csv: 75% on Hopper, 73% on A100, each row
+    cited). The time beyond that is what a fix can win; the rest of the bucket is the normal
+    distance of good kernels from the datasheet.
+
+    Why it costs MFU: the tensor cores sit partly idle inside a kernel that could run faster.
+
+    What to do: per worst shape, the cause the trace shows — M, N, K not multiples of 8/16/64
+    (pad them), fp32 matmuls without TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`),
+    transposes copied beside the GEMM (fix the layout), split-K on small shapes (more tokens per
+    GEMM), attention as plain matmuls (`F.scaled_dot_product_attention`); otherwise
+    `torch.compile(mode="max-autotune")` or Transformer Engine kernels.
+    """
+
+    code = "MFU009"
+    slug = "slow-gemms"
+    bucket = "gemm_inefficiency"
+    Params = Params
+
+    def digest(self, ctx: RankContext) -> SlowGemmDigest | None:
+        tl, part = ctx.tl, ctx.part
+        classes: dict[tuple[object, ...], int] = {}
+        rows: list[ShapeClass] = []
+        idx: list[int] = []
+        cls: list[int] = []
+        names, moved, stream = tl.name, tl.bytes_moved, tl.stream
+        last_on_stream: dict[object, int] = {}
+        for i in range(len(tl)):
+            prev = last_on_stream.get(stream[i])
+            if tl.kernel[i]:
+                last_on_stream[stream[i]] = i
+            kind = tl.kclass[i]
+            if kind not in ("gemm", "attention") or tl.flops[i] <= 0 or tl.step_of[i] < 0:
+                continue
+            mnk = tl.gemm_mnk[i]
+            if kind == "gemm" and mnk is not None and part is not None and \
+                    gemm_shape.fit(mnk, float(tl.flops[i]), moved[i], names[i] or "", part, tl.dtype[i]).thin:
+                continue   # MFU003's
+            sc = ShapeClass(kind, tl.op_name[i], mnk, tl.dtype[i], names[i] or "")
+            j = classes.setdefault(sc.key, len(rows))
+            if j == len(rows):
+                rows.append(sc)
+            row = rows[j]
+            row.count += 1
+            row.time_s += float(tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
+            row.flops += float(tl.flops[i])
+            row.bytes += moved[i] or 0.0
+            layout = prev is not None and tl.kclass[prev] == "other" and tl.op_name[prev] in _LAYOUT_OPS
+            row.causes |= causes_of(mnk, tl.dtype[i], names[i] or "", tl.op_name[i], layout)
+            if len(row.evidence) < EVIDENCE:
+                row.evidence.append(f"act:{tl.file_id}:{i}")
+            idx.append(i)
+            cls.append(j)
+        if not idx:
+            return None
+        a = np.asarray(idx, np.int64)
+        return SlowGemmDigest(tl.file_id, rows, np.asarray(cls, np.int64), tl.step_of[a],
+                              ((tl.end_ns[a] - tl.ts_ns[a]) * 1e-9).astype(np.float64), tl.flops[a])
+
+    def findings(self, run: RunContext) -> list[Finding]:
+        frac = run.mean_fraction("gemm_inefficiency")
+        if frac < self.params.min_fraction:
+            return []
+        digests: list[SlowGemmDigest] = [r.rules[self.code] for r in run.ranks if r.rules.get(self.code)]
+        ranks, steps = run.involved("gemm_inefficiency", 0.0)
+        lost_s = run.mean_seconds("gemm_inefficiency")
+        peak = run.peak.flops_per_s
+        if peak is None:
+            return [Finding(
+                self.code, self.slug, "info", frac, lost_s, ranks, steps, [],
+                "pass --gpu or --peak-tflops to split GEMM time into model compute and inefficiency",
+                f"GEMM/attention kernels take {frac:.1%} of the step; without a peak it is not split further",
+                None, {}, bucket="gemm_inefficiency", recoverable_fraction=0.0,
+            )]
+        ceiling = gemm_shape.ceiling_of(run.peak.part_key)
+        cap = ceiling.ceiling if ceiling else 1.0
+        hbm = run.peak.hbm_gbps * 1e9 if run.peak.hbm_gbps else None
+        merged: dict[tuple[object, ...], ShapeClass] = {}
+        gain_by_class: dict[tuple[object, ...], float] = defaultdict(float)
+        windows = {k: st.window_ns * 1e-9 for k, st in run.states.items()}
+        recoverable = 0.0
+        for d in digests:
+            reach = np.array([gemm_shape.reachable_flops_per_s(
+                peak, cap, gemm_shape.intensity(c.flops, c.bytes), hbm) for c in d.classes])
+            gain = np.maximum(d.dur_s - d.flops / reach[d.cls], 0.0)
+            for step in np.unique(d.step).tolist():
+                if windows.get((d.file_id, step)):
+                    recoverable += float(gain[d.step == step].sum()) / windows[(d.file_id, step)]
+            for j, c in enumerate(d.classes):
+                m = merged.setdefault(c.key, ShapeClass(c.kind, c.op, c.mnk, c.dtype, c.kernel))
+                m.count += c.count
+                m.time_s += c.time_s
+                m.flops += c.flops
+                m.bytes += c.bytes
+                m.causes |= c.causes
+                m.evidence += c.evidence[: EVIDENCE - len(m.evidence)]
+                gain_by_class[c.key] += float(gain[d.cls == j].sum())
+        recoverable = min(recoverable / max(len(run.ledgers), 1), frac)
+        worst = sorted(merged.values(), key=lambda c: -gain_by_class[c.key])[: self.params.top_shapes]
+        rows: list[dict[str, Any]] = []
+        for c in worst:
+            flop_per_byte = gemm_shape.intensity(c.flops, c.bytes)
+            reachable = gemm_shape.reachable_flops_per_s(peak, cap, flop_per_byte, hbm)
+            rows.append({
+                "kind": c.kind, "op": c.op, "mnk": list(c.mnk) if c.mnk else None, "dtype": c.dtype,
+                "kernel": c.kernel[:120], "count": c.count, "time_ms": c.time_s * 1e3,
+                "achieved_tflops": c.flops / c.time_s / 1e12 if c.time_s else None,
+                "reachable_tflops": reachable / 1e12, "flop_per_byte": flop_per_byte,
+                "recoverable_ms": gain_by_class[c.key] * 1e3, "causes": sorted(c.causes),
+            })
+        summary = (f"GEMM/attention kernels below peak cost {frac:.1%} of the step" if run.mfu is not None else
+                   f"GEMM/attention kernels take {frac:.1%} of the step (model FLOPs unknown: not split from "
+                   "model compute)") + f", {recoverable:.1%} recoverable"
+        if rows and rows[0]["achieved_tflops"] is not None and gain_by_class[worst[0].key] > 0:
+            r0 = rows[0]
+            shape = "×".join(map(str, r0["mnk"])) if r0["mnk"] else r0["kind"]
+            summary += (f"; worst: {r0['op'] or r0['kind']} {shape} {r0['dtype'] or ''} at "
+                        f"{r0['achieved_tflops']:.0f} TFLOP/s where its shape can reach {r0['reachable_tflops']:.0f}")
+        causes = sorted({x for c in worst if gain_by_class[c.key] > 0 for x in c.causes})
+        advice = "; ".join(causes) if causes else (
+            "no layout or dtype cause in the trace: try torch.compile(mode=\"max-autotune\") or Transformer "
+            "Engine kernels, and check clocks (nvidia-smi -q -d PERFORMANCE)")
+        return [Finding(
+            self.code, self.slug, severity(recoverable * 100), frac, lost_s, ranks, steps,
+            [e for c in worst for e in c.evidence], advice, summary, run.what_if(recoverable),
+            {"shapes": rows, "ceiling": cap, "ceiling_source": ceiling.source if ceiling else
+             "no ceiling known for this part: measured against the dense peak"},
+            bucket="gemm_inefficiency", recoverable_fraction=recoverable,
+        )]

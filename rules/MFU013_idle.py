@@ -1,0 +1,125 @@
+"""MFU013 idle."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from diag.analysis import Finding, RankContext, RunContext, severity
+from diag.states import idle_gaps
+from rules.base import Rule
+
+
+@dataclass(frozen=True)
+class Params:
+    min_fraction: float = 0.01
+    top_gaps: int = 10
+
+
+CAUSES = {
+    "step_tail": "after the step's last kernel: the host finishes the step (logging, checkpointing, "
+                 "the next batch) with the GPU empty",
+    "sync_wait": "GPU work launched but waiting on an event or stream the host synchronizes on",
+    "profiler": "the profiler's own overhead (buffer flushes)",
+    "unexplained": "no host event explains it",
+}
+
+
+@dataclass
+class IdleDigest:
+    gap_ns: dict[str, int]
+    largest: list[tuple[int, int, int, int]] = field(default_factory=list)   # (ns, rank, step, start_ns)
+
+
+def _overlaps(s: np.ndarray, e: np.ndarray, a: int, b: int) -> bool:
+    return bool(((s < b) & (e > a)).any())
+
+
+class Idle(Rule[Params]):
+    """GPU idle time neither the data loader nor the host's launches explain.
+
+    What it finds: the `idle_other` bucket — idle time after the next activity's launch call had
+    already returned — split by what the trace shows around each gap: the tail of a step after its
+    last kernel, work held back by an event or a stream the host synchronizes on, the profiler's
+    own overhead events; the rest is listed as unexplained, largest gaps first (rank, step, start).
+    Each cause's share of the gap time divides the bucket.
+
+    Why it costs MFU: an idle GPU does no model FLOPs; idle time no one launched into is often a
+    dependency between streams or ranks, or host work at the end of the step.
+
+    What to do: step tail: move logging and checkpointing off the critical path, prefetch the next
+    batch; event waits: check cross-stream dependencies (`wait_stream`, `record_stream`) and
+    collectives waiting on peers; profiler: trace fewer steps or without `with_stack`/`profile_memory`;
+    unexplained: open the largest gaps in the timeline (`diag tui`, `diag export --perfetto`).
+    """
+
+    code = "MFU013"
+    slug = "idle"
+    bucket = "idle_other"
+    Params = Params
+
+    def digest(self, ctx: RankContext) -> IdleDigest | None:
+        tl = ctx.tl
+        if tl.host_timeline or len(tl) == 0:
+            return None
+        g = idle_gaps(tl)
+        d = IdleDigest(dict.fromkeys(CAUSES, 0))
+        marks = tl.host_marks
+        kinds = np.array(marks.kind if marks else [], dtype=object)
+        ms = marks.start_ns if marks else np.zeros(0, np.int64)
+        me = marks.end_ns if marks else np.zeros(0, np.int64)
+        sync, prof = kinds == "sync", kinds == "profiler"
+        unexplained: list[tuple[int, int, int, int]] = []
+        for j in np.flatnonzero(g.other_ns > 0).tolist():
+            a, b, ns = int(g.start_ns[j]), int(g.end_ns[j]), int(g.other_ns[j])
+            if g.at_window_end[j]:
+                cause = "step_tail"
+            elif _overlaps(ms[prof], me[prof], a, b):
+                cause = "profiler"
+            elif _overlaps(ms[sync], me[sync], a, b):
+                cause = "sync_wait"
+            else:
+                cause = "unexplained"
+                unexplained.append((ns, tl.rank, tl.steps.step[int(g.step[j])], a))
+            d.gap_ns[cause] += ns
+        d.largest = sorted(unexplained, reverse=True)[: self.params.top_gaps]
+        return d
+
+    def findings(self, run: RunContext) -> list[Finding]:
+        frac = run.mean_fraction("idle_other")
+        if frac < self.params.min_fraction:
+            return []
+        gap: dict[str, int] = defaultdict(int)
+        largest: list[tuple[int, int, int, int]] = []
+        for r in run.ranks:
+            d: IdleDigest | None = r.rules.get(self.code)
+            if d is None:
+                continue
+            for k, v in d.gap_ns.items():
+                gap[k] += v
+            largest += d.largest
+        total = sum(gap.values())
+        share = {k: (gap[k] / total if total else 0.0) for k in CAUSES}
+        largest = sorted(largest, reverse=True)[: self.params.top_gaps]
+        top = max(CAUSES, key=lambda k: share[k]) if total else "unexplained"
+        summary = f"GPU idle with no launch pending {frac:.1%} of the step, mostly {CAUSES[top]}"
+        if top == "unexplained" and largest:
+            summary += "; largest gaps: " + ", ".join(
+                f"{ns / 1e6:.2f} ms on rank {r} step {s}" for ns, r, s, _ in largest[:3])
+        advice = {
+            "step_tail": "move logging, metrics and checkpointing off the step's end; prefetch the next batch",
+            "sync_wait": "check cross-stream and cross-rank dependencies (wait_stream, events, collectives on peers)",
+            "profiler": "profile fewer steps, without with_stack/profile_memory, to see the run's own idle time",
+            "unexplained": "open the largest gaps in the timeline (diag tui, diag export --perfetto)",
+        }[top]
+        return [Finding(
+            self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("idle_other"),
+            *run.involved("idle_other", 0.0), [f"step:{r}:{s}" for _, r, s, _ in largest], advice, summary,
+            run.what_if(frac),
+            {"by_cause": {k: {"share": share[k], "fraction": share[k] * frac, "what": CAUSES[k]} for k in CAUSES},
+             "largest_gaps": [{"rank": r, "step": s, "start_ns": a, "ms": ns / 1e6} for ns, r, s, a in largest]},
+            # Profiler overhead is not the run's: no fix in the training code wins it back.
+            bucket="idle_other", recoverable_fraction=frac * (1 - share["profiler"]),
+        )]
