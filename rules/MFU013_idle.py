@@ -104,6 +104,14 @@ class Idle(Rule[Params]):
         share = {k: (gap[k] / total if total else 0.0) for k in CAUSES}
         largest = sorted(largest, reverse=True)[: self.params.top_gaps]
         top = max(CAUSES, key=lambda k: share[k]) if total else "unexplained"
+        if any(r.host_timeline for r in run.ranks):
+            return [Finding(
+                self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("idle_other"),
+                *run.involved("idle_other", 0.0), [], "profile with with_stack=True to see the Python between ops",
+                f"the host is outside aten ops and collectives {frac:.1%} of the step (CPU-only run: Python, "
+                "data handling, the profiler)", run.what_if(frac), {},
+                bucket="idle_other", recoverable_fraction=frac,
+            )]
         summary = f"GPU idle with no launch pending {frac:.1%} of the step, mostly {CAUSES[top]}"
         if top == "unexplained" and largest:
             summary += "; largest gaps: " + ", ".join(

@@ -1,4 +1,4 @@
-"""Findings, ranked by cost; the selected one's detail, and its evidence, each a jump away."""
+"""Findings, ranked by what a fix can win; the selected one's detail, and its evidence, each a jump away."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ def detail(f: Mapping[str, Any], mfu: float | None) -> Text:
     t = Text()
     t.append(f"{f['code']} {f['slug']}", style="bold")
     t.append(f"  {f['severity']}", style=SEVERITY_STYLE.get(f["severity"], ""))
-    t.append(f"  costs {f['mfu_points']:.1f} MFU points, {fmt_seconds(f['lost_s'])} a step\n")
+    t.append(f"  costs {f['mfu_points']:.1f} MFU points, {fmt_seconds(f['lost_s'])} a step")
+    if f.get("bucket"):
+        t.append(f" ({f['bucket']}; a fix can win {f['recoverable_fraction'] * 100:.1f})")
+    t.append("\n")
     t.append(f"{f['summary']}\n")
     t.append("do: ", style="bold green")
     t.append(f"{f['advice']}\n")
