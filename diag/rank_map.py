@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from diag.digest import RankDigest
     from diag.executor import Executor
 
-# The event tables a rank's map reads (timeline.load_rank, collectives.calls_of).
-SOURCE_TABLES = ("trace_files", "cpu_ops", "runtime_calls", "kernels", "copies", "collective_args")
+# The event tables a rank's map reads (timeline.load_rank, its host marks among them, collectives.calls_of).
+SOURCE_TABLES = ("trace_files", "cpu_ops", "runtime_calls", "kernels", "copies", "collective_args", "other_events")
 
 
 def map_elsewhere(con: duckdb.DuckDBPyConnection, files: list[int], gpu: str | None, executor: Executor[Any],
