@@ -110,7 +110,8 @@ class Idle(Rule[Params]):
                 *run.involved("idle_other", 0.0), [], "profile with with_stack=True to see the Python between ops",
                 f"the host is outside aten ops and collectives {frac:.1%} of the step (CPU-only run: Python, "
                 "data handling, the profiler)", run.what_if(frac), {},
-                bucket="idle_other", recoverable_fraction=frac,
+                # Host time between ops is the program itself: nothing here says what a fix would win.
+                bucket="idle_other", recoverable_fraction=0.0,
             )]
         summary = f"GPU idle with no launch pending {frac:.1%} of the step, mostly {CAUSES[top]}"
         if top == "unexplained" and largest:

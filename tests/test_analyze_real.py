@@ -91,3 +91,14 @@ def test_an_unknown_gpu_name_is_bad_input() -> None:
     src = shared_traces() / "kineto/docs/traces/after_fix_trace.json"
     r = run_diag("analyze", str(src), "--rank", "0", "--gpu", "h900")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "h100-sxm" in r.stderr
+
+
+def test_unexplained_idle_lists_the_largest_gaps() -> None:
+    """An A100 rank idle two thirds of each step with no launch pending and no host event around the
+    gaps: MFU013 explains idle_other whole and lists its largest gaps, largest first."""
+    src = shared_traces() / "HolisticTraceAnalysis/tests/data/negative_queue_length_values_check/rank0.json.gz"
+    _, report = analyze_path(str(src), None, ingest_opts=IngestOptions(jobs=1), warn=False)
+    f = next(f for f in report["findings"] if f["code"] == "MFU013")
+    assert f["bucket"] == "idle_other" and f["lost_fraction"] == pytest.approx(report["ledger"]["idle_other"])
+    gaps = [g["ms"] for g in f["details"]["largest_gaps"]]
+    assert gaps and gaps == sorted(gaps, reverse=True) and "largest gaps" in f["summary"]

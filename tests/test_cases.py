@@ -248,3 +248,28 @@ def test_thin_recoverable_is_the_gap_to_the_part_ceiling_without_well_shaped_gem
     assert f["recoverable_fraction"] / f["lost_fraction"] == pytest.approx(0.8205, abs=0.002)
     assert f["details"]["other_gemms_tflops"] is None and "no well-shaped GEMM" in f["summary"]
     assert "32 output tiles for 132 SMs" in " ".join(s["why"] for s in f["details"]["shapes"])
+
+
+def _finding(case: str, code: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return next(f for f in run_case(case, tmp_path_factory).report["findings"] if f["code"] == code)
+
+
+def test_item_syncs_are_named_with_their_op(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """item_sync calls .item() after each of 4 layers: the host-bound gaps after them are the
+    largest cause, and the op is named (no with_stack, so no Python caller)."""
+    f = _finding("item_sync", "MFU010", tmp_path_factory)
+    d = f["details"]
+    assert max(d["by_cause"], key=lambda k: d["by_cause"][k]["share"]) == "sync"
+    assert d["syncs"][0]["op"] == "aten::_local_scalar_dense" and d["syncs"][0]["caller"] == "?"
+    # 4 forward layers × 3 steps × 8 ranks open a gap each; loss.item() at the step's end opens none
+    # (the next step's data loader fills it).
+    assert d["syncs"][0]["gaps"] == 4 * 3 * 8
+    assert "remove host syncs" in f["advice"] and ".item()" in f["advice"]
+    assert sum(c["fraction"] for c in d["by_cause"].values()) == pytest.approx(f["lost_fraction"])
+
+
+def test_launch_bound_names_tiny_kernels_and_cuda_graphs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    f = _finding("launch_bound", "MFU010", tmp_path_factory)
+    d = f["details"]
+    assert d["kernels_under_tiny_share"] > 0.5 and d["cpu_us_per_launch"] > 4
+    assert "reduce-overhead" in f["advice"]
