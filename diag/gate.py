@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -122,8 +123,9 @@ class _BudgetReader:
 
     def _points(self, table: dict[str, Any], key: str, default: float, where: str) -> float:
         v = table.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise BadInput(self.path, f"{where} {key} = {v!r}: expected a number ≥ 0 (MFU points)")
+        # TOML reads `nan` and `inf` as floats; a NaN budget compares false with every change (passes all).
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise BadInput(self.path, f"{where} {key} = {v!r}: expected a number ≥ 0 (MFU points), finite")
         return float(v)
 
     def _severity(self, table: dict[str, Any], key: str, default: str) -> str | None:
@@ -234,7 +236,44 @@ def check_report(doc: Any, path: str) -> ReportView:
     missing = [b for b in BUCKETS if b not in view.ledger]
     if missing:
         raise BadInput(path, f"ledger lacks bucket(s) {', '.join(missing)}: not a complete {REPORT_SCHEMA} ledger")
+    bad = next(_out_of_range(view), None)
+    if bad is not None:
+        raise BadInput(path, f"{bad}: not a valid {REPORT_SCHEMA} document; {_HOW}")
     return view
+
+
+# A ledger's fractions sum to 1 ± 0.01 (DESIGN.md "Contracts"), so each lies in [0, 1] within that rounding.
+_FRACTION_SLACK = 0.01
+
+
+def _out_of_range(v: ReportView) -> Iterator[str]:
+    """Each number the gate computes with that is NaN, infinite or outside its range. JSON parsers
+    take NaN and Infinity, and NaN compares false with every budget: a NaN MFU would pass any gate."""
+    def fraction(where: str, x: float) -> Iterator[str]:
+        if not (math.isfinite(x) and -_FRACTION_SLACK <= x <= 1 + _FRACTION_SLACK):
+            yield f"{where} = {x!r} (expected a fraction in [0, 1])"
+
+    def positive(where: str, x: object, optional: bool = True) -> Iterator[str]:
+        if x is None and optional:
+            return
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x <= 0:
+            yield f"{where} = {x!r} (expected a finite number > 0)"
+
+    if v.world_size < 1 or v.steps < 0:
+        yield f"world_size = {v.world_size}, steps = {v.steps} (expected ≥ 1 and ≥ 0)"
+    if v.mfu is not None and not (math.isfinite(v.mfu) and v.mfu >= 0):
+        yield f"mfu = {v.mfu!r} (expected a finite number ≥ 0)"
+    for bucket, x in v.ledger.items():
+        yield from fraction(f"ledger.{bucket}", x)
+    for step, row in v.ledger_by_step.items():
+        for bucket, x in row.items():
+            yield from fraction(f"ledger_by_step.{step}.{bucket}", x)
+    for f in v.findings:
+        yield from fraction(f"findings[{f.code}].lost_fraction", f.lost_fraction)
+    yield from positive("device.peak_tflops", v.device.peak_tflops)
+    if v.model is not None:
+        yield from positive("model.params", v.model.get("params"))
+    yield from positive("step_time_s", v.step_time_s)
 
 
 def mismatches(base: ReportView, cur: ReportView) -> list[str]:

@@ -513,3 +513,46 @@ def assert_valid_junit(text: str) -> ET.Element:
     for key, n in totals.items():
         assert root.get(key) == str(n), (key, root.attrib)
     return root
+
+
+def _poisoned(healthy: Report, where: str) -> Report:
+    """A copy of the report with one number the gate must refuse (issue 15, item 5)."""
+    out = copy.deepcopy(healthy)
+    step = next(iter(out["ledger_by_step"]))
+    if where == "nan mfu":
+        out["mfu"] = float("nan")
+    elif where == "inf bucket":
+        out["ledger"]["exposed_comm"] = float("inf")
+    elif where == "nan step":
+        out["ledger_by_step"][step]["model_compute"] = float("nan")
+    elif where == "string params":
+        out["model"] = {"name": "llama3-8b", "params": "8e9"}
+    elif where == "negative mfu":
+        out["mfu"] = -0.2
+    return out
+
+
+@pytest.mark.parametrize("where, says", [
+    ("nan mfu", "mfu = nan"),
+    ("inf bucket", "ledger.exposed_comm = inf"),
+    ("nan step", ".model_compute = nan"),
+    ("string params", "model.params = '8e9'"),
+    ("negative mfu", "mfu = -0.2"),
+])
+@pytest.mark.parametrize("side", ["baseline", "current"])
+def test_non_finite_or_out_of_range_numbers_exit_2(healthy: Report, gate: Callable[..., Result], tmp_path: Path,
+                                                   where: str, says: str, side: str) -> None:
+    good = write(tmp_path / "good.json", healthy)
+    bad = write(tmp_path / "bad.json", _poisoned(healthy, where))
+    res = gate("--baseline", bad, good) if side == "baseline" else gate("--baseline", good, bad)
+    assert res.code == 2 and res.err.count("\n") == 1 and res.err.startswith(f"diag: {bad}: "), res
+    assert says in res.err, res.err
+
+
+@pytest.mark.parametrize("text", ["[mfu]\nmax_drop_points = nan\n", "[buckets]\nexposed_comm = inf\n",
+                                  "[noise]\nk = nan\n"])
+def test_nan_budget_exits_2(healthy: Report, gate: Callable[..., Result], tmp_path: Path, text: str) -> None:
+    base = write(tmp_path / "base.json", healthy)
+    cur = write(tmp_path / "cur.json", moved(healthy, 5, "model_compute", "exposed_comm"))
+    res = gate("--baseline", base, cur, "--budget", budget(tmp_path / "b.toml", text))
+    assert res.code == 2 and "finite" in res.err and res.err.count("\n") == 1, res
