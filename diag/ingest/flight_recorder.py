@@ -55,7 +55,7 @@ from diag.ingest.nccl import (
     record_json,
     scaled_ns,
 )
-from diag.ingest.safe_pickle import load_plain
+from diag.ingest.safe_pickle import MAX_ELEMENTS, load_plain
 
 # Bytes per element, by c10::toString(ScalarType) as the dump writes dtypes (c10/core/ScalarType.h).
 _DTYPE_BYTES = {
@@ -97,6 +97,9 @@ def _parse_dump(path: str, dump: object) -> SourceParse:
     entries = dump.get("entries", [])
     if not isinstance(entries, list):
         raise BadInput(path, f"Flight Recorder 'entries' is a {type(entries).__name__}, not a list")
+    if len(entries) > MAX_ELEMENTS:
+        raise BadInput(path, f"{len(entries)} Flight Recorder entries, more than the {MAX_ELEMENTS} diag reads "
+                             "(a dump holds TORCH_NCCL_TRACE_BUFFER_SIZE entries, 2000 by default)")
     warnings: list[str] = []
     version = dump.get("version")
     if not (isinstance(version, str) and version.startswith("2.")):

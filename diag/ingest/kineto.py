@@ -235,7 +235,7 @@ def _chunks(
 
         stop, start = _cut(mv, pos, end, (end - pos) // 2)
         try:
-            half = SecondHalf(lambda inf, b: _range(path, inf, mv, start, end, chunk_bytes, release, b))
+            half = SecondHalf(lambda inf, b: _second_half(path, inf, mv, pos, start, end, chunk_bytes, release, b))
         except OSError:   # no second process to be had (memory, a process limit): one reads it all
             half = None
     with half if half is not None else nullcontext():
@@ -254,6 +254,18 @@ def _chunks(
         info.warnings.append(
             f"damaged at byte {info.damage_offset}: kept the {info.n_events} complete events before it"
         )
+
+
+def _second_half(
+    path: str, info: KinetoFile, mv: memoryview, pos: int, start: int, end: int, chunk_bytes: int, release: Any,
+    bad: list[int],
+) -> Generator[dict[str, pa.Table], None, int]:
+    """The events from `start`, first handing back the first half's pages (the forked child's copy
+    of them, never read there; in this process the fallback comes after that half is parsed): the
+    child of a 307 MB file peaked at 481 MB RSS with them, 344 without."""
+    if release is not None:
+        release(pos, start)
+    return (yield from _range(path, info, mv, start, end, chunk_bytes, release, bad))
 
 
 def _range(

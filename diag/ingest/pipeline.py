@@ -126,9 +126,6 @@ def parse_into(
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)
         return Skipped(path, "not a trace (no traceEvents)")
     info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release, split=split)
-    # Validating the document touched every page of a mapped file; drop them all now, so that
-    # only the chunk being parsed is resident (a 128 MB file: 128 MB less per worker).
-    src.release(0, len(src.data))
     warnings: list[str] = []
     rank, world, backend = rank_from_distributed_info(info.distributed_info)
     source = "distributedInfo"
