@@ -15,6 +15,7 @@ from diag.digest import RankDigest
 from diag.engine import Analysis, AnalyzeOptions, analyze
 from diag.errors import BadInput
 from diag.executor import Executor, make_executor
+from diag.ingest.discover import require_paths
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.report import build_report
 
@@ -43,6 +44,7 @@ def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOpt
     (in memory when None). Files that cannot be read are returned, not raised, unless none can."""
     if is_duckdb_file(path):
         return Opened(store.connect(path))
+    require_paths([path])   # before the store: a missing trace creates no --db file
     con = store.connect(db)
     result = ingest([path], con, ingest_opts, progress=progress)
     n = con.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchall()[0]

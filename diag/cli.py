@@ -47,10 +47,12 @@ def ingest_options(args: argparse.Namespace) -> object:
 
 def _run_ingest(args: argparse.Namespace) -> int:
     from diag import store
+    from diag.ingest.discover import require_paths
     from diag.ingest.pipeline import IngestOptions, ingest, print_progress_factory
 
     opts = ingest_options(args)
     assert isinstance(opts, IngestOptions)
+    require_paths(args.paths)   # before the store: a missing trace creates no --db file
     con = store.connect(args.db)
     result = ingest(args.paths, con, opts, progress=print_progress_factory())
     for w in result.warnings:

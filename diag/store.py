@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+
+from diag.errors import BadInput
 
 SQL_DIR = resources.files("diag") / "sql"
 
@@ -48,7 +51,10 @@ def connect(db: str | Path | None = None, read_only: bool = False) -> duckdb.Duc
         # An in-memory store would otherwise spill into `.tmp` under the current directory; a file
         # store spills beside itself (`<db>.tmp`, DuckDB's default), on the disk the user chose.
         config["temp_directory"] = os.path.join(tempfile.gettempdir(), f"diag-duckdb-{os.getpid()}")
-    con = duckdb.connect(":memory:" if db is None else str(db), read_only=read_only, config=config)
+    try:
+        con = duckdb.connect(":memory:" if db is None else str(db), read_only=read_only, config=config)
+    except duckdb.Error as e:
+        raise BadInput(str(db), f"cannot open the store: {_reason(e)}") from None
     # DuckDB draws its own progress bar on the terminal, over the TUI (DESIGN.md).
     con.execute("SET enable_progress_bar = false")
     if not read_only:
@@ -188,9 +194,50 @@ class FileWriter:
         self.done = True
         return self.file_id
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if not self.done:
-            self.con.execute("ROLLBACK")
+            try:
+                self.con.execute("ROLLBACK")
+            except duckdb.Error:
+                # The failed write already ended the transaction (a full disk aborts it): "cannot
+                # rollback - no transaction is active" would hide the cause, which `exc` names.
+                if exc is None:
+                    raise
+        if exc is not None and disk_full(exc):
+            raise BadInput(_db_path(self.con), f"cannot write the store: {_reason(exc)}; nothing of this "
+                                               "file was kept (free space, or give --db on another disk)") from None
+
+
+# DuckDB's words for a store another process holds: "... Conflicting lock is held in /usr/bin/python3 (PID 123) ..."
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
+_NO_SPACE = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def _reason(e: BaseException) -> str:
+    """DuckDB's message as one line about the cause, without its class prefix and the path the
+    caller's line names already."""
+    text = str(e).split("\n")[0]
+    holder = _LOCK_HOLDER.search(text)
+    if holder:
+        return (f"in use by another process (PID {holder.group(2)}, {holder.group(1)}); DuckDB allows one "
+                "writer: wait for it to finish, or give another --db")
+    text = re.sub(r"^[A-Za-z ]*Error: ", "", text)
+    text = re.sub(r'^(Cannot open file|The file) "[^"]*"(: )?', "", text).strip()
+    if "not a valid DuckDB database file" in text:
+        return "not a DuckDB database file (a diag store is one); give a new file name or a store diag made"
+    return text
+
+
+def disk_full(e: BaseException) -> bool:
+    return isinstance(e, duckdb.Error) and any(s in str(e) for s in _NO_SPACE)
+
+
+def _db_path(con: duckdb.DuckDBPyConnection) -> str:
+    try:
+        row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+    except duckdb.Error:
+        row = None
+    return str(row[0]) if row and row[0] else "the store"
 
 
 def _sql_str(s: str) -> str:

@@ -64,8 +64,10 @@ def _run_live(args: argparse.Namespace) -> int:
     from tui.app import DiagApp
     from tui.sources import Live
 
-    if Path(args.dir).exists() and not Path(args.dir).is_dir():
-        raise BadInput(args.dir, "not a directory: diag live follows the directory the profiler writes into")
+    if not Path(args.dir).is_dir():
+        what = "not a directory" if Path(args.dir).exists() else "no such directory"
+        raise BadInput(args.dir, f"{what}: diag live follows the directory the profiler writes into "
+                                 "(create it, or start diag live once the job has)")
     opts, iopts = _options(args)
     assert isinstance(opts, AnalyzeOptions) and isinstance(iopts, IngestOptions)
     app = DiagApp(Live(args.dir, args.db, opts, iopts, idle_s=args.idle), poll_s=args.poll,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -33,13 +34,21 @@ def discover(paths: list[str]) -> tuple[list[str], list[str]]:
             for f in sorted(path.rglob("*")):
                 if f.is_file() and _looks_like_trace(f):
                     found.append(str(f.resolve()))
-        elif path.is_file():
+        elif path.exists():
+            # Named explicitly: read_source says what it is if not a regular file (a FIFO, a device).
             found.append(str(path.resolve()))
             explicit.append(str(path.resolve()))
         else:
             raise BadInput(p, "no such file or directory")
     unique = list(dict.fromkeys(found))
     return unique, explicit
+
+
+def require_paths(paths: list[str]) -> None:
+    """Refuse a path that does not exist before anything (a store file) is created for it."""
+    for p in paths:
+        if not os.path.lexists(p):
+            raise BadInput(p, "no such file or directory")
 
 
 def _looks_like_trace(f: Path) -> bool:
