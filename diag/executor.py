@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Generic, TypeVar
 
+from diag.lifetime import die_with_parent
+
 EXECUTORS = ("local", "ray")
 R = TypeVar("R")
 H = TypeVar("H")  # a submitted call's handle: a Future, a Ray ObjectRef
@@ -77,7 +79,12 @@ class Executor(Generic[H]):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self._abort()
         self.close()
+
+    def _abort(self) -> None:
+        """Left by an exception (SIGTERM, Ctrl-C, an error): stop the calls in flight, not wait for them."""
 
 
 class LocalExecutor(Executor["Future[Any]"]):
@@ -85,7 +92,9 @@ class LocalExecutor(Executor["Future[Any]"]):
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers or os.cpu_count() or 1)
-        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+        # Workers die with this process, even killed outright (diag/lifetime.py).
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=die_with_parent, initargs=(os.getpid(),))
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any]:
         return self._pool.submit(fn, *args)
@@ -95,6 +104,11 @@ class LocalExecutor(Executor["Future[Any]"]):
 
     def _cancel(self, handle: Future[Any]) -> None:
         handle.cancel()
+
+    def _abort(self) -> None:
+        # ProcessPoolExecutor can only wait for running calls (terminate_workers is Python 3.14).
+        for p in list(getattr(self._pool, "_processes", {}).values()):
+            p.kill()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from diag.lifetime import die_with_parent, scratch_dir
+
 if TYPE_CHECKING:
     from diag.ingest.kineto import KinetoFile
 
@@ -37,20 +39,22 @@ class SecondHalf:
 
     def __init__(self, parse: Parse) -> None:
         self.parse = parse
-        self.dir = tempfile.mkdtemp(prefix="diag-half-")
+        self.dir = tempfile.mkdtemp(prefix="diag-half-", dir=scratch_dir())
+        parent = os.getpid()
         try:
             self.pid = os.fork()
         except OSError:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
         if self.pid == 0:
-            self._child()
+            self._child(parent)
 
-    def _child(self) -> None:
+    def _child(self, parent: int) -> None:
         from diag.ingest.kineto import KinetoFile
 
         code = 1
         try:
+            die_with_parent(parent)
             info, bad = KinetoFile.blank(), Counter[str]()
             writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}
             for tables in self.parse(info, bad):

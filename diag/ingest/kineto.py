@@ -258,7 +258,7 @@ def _chunks(
 
 def _second_half(
     path: str, info: KinetoFile, mv: memoryview, pos: int, start: int, end: int, chunk_bytes: int, release: Any,
-    bad: list[int],
+    bad: Counter[str],
 ) -> Generator[dict[str, pa.Table], None, int]:
     """The events from `start`, first handing back the first half's pages (the forked child's copy
     of them, never read there; in this process the fallback comes after that half is parsed): the

@@ -17,7 +17,8 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -31,6 +32,7 @@ from diag.executor import make_executor
 from diag.ingest.discover import discover, rank_from_name
 from diag.ingest.kineto import SCHEMAS, device_props_for, rank_from_distributed_info, read_kineto
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
+from diag.lifetime import run_dir
 
 # Below this much input, starting worker processes (each imports pyarrow, msgspec, numpy: ~1 s)
 # costs more than it saves.
@@ -284,18 +286,23 @@ def ingest(
         jobs = 1
     # Ray was asked for by name: its tasks run even where one local process would be quicker.
     workers = bool(files) and (jobs > 1 or opts.executor != "local")
-    outcomes = _in_workers(files, con, known, opts, explicit, seen, jobs, before) if workers else \
-        _in_process(files, con, known, opts, explicit, seen, before)
-    for i, (path, outcome) in enumerate(outcomes):
-        if progress:
-            progress(i + 1, len(files), path)
-        if isinstance(outcome, BadInput):
-            result.errors.append(outcome)
-        elif isinstance(outcome, Skipped):
-            result.skipped.append(replace(outcome, path=path))   # as found, not as stored
-        else:
-            result.ingested.append((path, outcome[0]))
-            result.warnings.extend(f"{path}: {w}" for w in outcome[1])
+    # Every temporary file of this run (spills, a split file's second half) in one directory,
+    # removed at the end, or by the next run if this one is killed (diag/lifetime.py).
+    with run_dir(opts.spill_dir) as scratch:
+        opts = replace(opts, spill_dir=scratch)
+        # closing: an interruption ends the workers now, not when the generator is collected.
+        with closing(_in_workers(files, con, known, opts, explicit, seen, jobs, before) if workers else
+                     _in_process(files, con, known, opts, explicit, seen, before)) as outcomes:
+            for i, (path, outcome) in enumerate(outcomes):
+                if progress:
+                    progress(i + 1, len(files), path)
+                if isinstance(outcome, BadInput):
+                    result.errors.append(outcome)
+                elif isinstance(outcome, Skipped):
+                    result.skipped.append(replace(outcome, path=path))   # as found, not as stored
+                else:
+                    result.ingested.append((path, outcome[0]))
+                    result.warnings.extend(f"{path}: {w}" for w in outcome[1])
     _number_windows(con)
     return result
 
@@ -313,7 +320,7 @@ Outcome = tuple[int, list[str]] | Skipped | BadInput   # (file_id, warnings)
 def _in_process(
     files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
     explicit: list[str], seen: dict[str, str], before: dict[str, Prior],
-) -> Iterator[tuple[str, Outcome]]:
+) -> Generator[tuple[str, Outcome], None, None]:
     # One file at a time here, so a big one may take both halves of a two-core machine (--jobs 1: not).
     split = hasattr(os, "fork") and (opts.jobs or os.cpu_count() or 1) > 1
     for path in files:
@@ -329,7 +336,7 @@ def _in_process(
 def _in_workers(
     files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
     explicit: list[str], seen: dict[str, str], jobs: int, before: dict[str, Prior],
-) -> Iterator[tuple[str, Outcome]]:
+) -> Generator[tuple[str, Outcome], None, None]:
     """Parse on `jobs` workers of `opts.executor` (Ray: the cluster's CPUs unless --jobs says),
     at most two files per worker in flight (bounded spill)."""
     with make_executor(opts.executor, opts.jobs if opts.executor == "ray" else jobs) as ex:
