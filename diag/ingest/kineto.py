@@ -211,8 +211,8 @@ def read_kineto(
     head, damage = _decode_head(path, data, salvage)
     info = KinetoFile(
         schema_version=head.schemaVersion, time_unit=head.displayTimeUnit,
-        base_time_ns=head.baseTimeNanoseconds, device_props=_json_or_none(head.deviceProperties),
-        distributed_info=_json_or_none(head.distributedInfo), partial=damage is not None, damage_offset=damage,
+        base_time_ns=head.baseTimeNanoseconds, device_props=_json_or_none(path, "deviceProperties", head.deviceProperties),
+        distributed_info=_json_or_none(path, "distributedInfo", head.distributedInfo), partial=damage is not None, damage_offset=damage,
     )
     return info, _chunks(path, info, head.traceEvents, chunk_bytes, release, split)
 
@@ -803,10 +803,13 @@ def _extent(tables: dict[str, pa.Table]) -> tuple[int | None, int | None]:
     return first, last
 
 
-def _json_or_none(r: msgspec.Raw) -> Any:
+def _json_or_none(path: str, key: str, r: msgspec.Raw) -> Any:
     if not len(r):
         return None
-    return msgspec.json.decode(r)
+    try:
+        return msgspec.json.decode(r)
+    except msgspec.DecodeError as e:   # the document's pass skips over a value's text (UTF-8 included)
+        raise BadInput(path, f"{key}: {e}") from None
 
 
 _INT = re.compile(r"-?\d+")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import itertools
 import pickle
+import struct
 from collections.abc import Iterator
 
 from diag.errors import BadInput
@@ -37,8 +38,13 @@ MAX_ELEMENTS = 1_000_000
 _MIN_BYTES = 1024
 
 
-class PlainUnpickler(pickle.Unpickler):
-    """Refuses every class or function a pickle asks for, so only plain data can be built."""
+class PlainUnpickler(pickle._Unpickler):
+    """Refuses every class or function a pickle asks for, so only plain data can be built.
+
+    The pure-Python unpickler, not the C one: the C one sizes its memo by the largest index a
+    LONG_BINPUT names, so 5 bytes of a damaged dump made it zero 10 GB (index 611,411,317) before
+    anything could check. This one keeps the memo in a dict. It reads a 2000-entry dump in 28 ms
+    where the C one takes 7."""
 
     def find_class(self, module: str, name: str) -> type:
         raise pickle.UnpicklingError(f"refused to import {module}.{name}")
@@ -57,6 +63,8 @@ def load_plain(path: str, data: bytes) -> object:
         raise BadInput(path, f"not a readable pickle ({reason})") from None
     except EOFError:
         raise BadInput(path, "pickle ends early (truncated?)", len(data)) from None
+    except MemoryError:
+        raise BadInput(path, "pickle asks for more memory than there is (damaged or hostile)") from None
     except (
         ValueError,
         TypeError,
@@ -65,6 +73,8 @@ def load_plain(path: str, data: bytes) -> object:
         AttributeError,
         OverflowError,
         UnicodeDecodeError,
+        struct.error,
+        RecursionError,
     ) as e:
         # What the C unpickler raises on garbled opcodes and arguments.
         raise BadInput(path, f"not a readable pickle ({type(e).__name__}: {e})") from None
