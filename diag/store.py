@@ -114,6 +114,11 @@ def drop_file(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
 FLUSH_BYTES = 16 * 1024**2
 
 
+class StoreFault(BadInput):
+    """The store failed, not the file being written (a full disk): no other file can go in either,
+    so the run stops here with this one line (exit 2) instead of a warning per file."""
+
+
 class FileWriter:
     """One file's rows, written in one transaction: `add` chunks as they are parsed, then
     `finish` with the file's row. Leaving the `with` block any other way rolls everything back,
@@ -204,7 +209,7 @@ class FileWriter:
                 if exc is None:
                     raise
         if exc is not None and disk_full(exc):
-            raise BadInput(_db_path(self.con), f"cannot write the store: {_reason(exc)}; nothing of this "
+            raise StoreFault(_db_path(self.con), f"cannot write the store: {_reason(exc)}; nothing of this "
                                                "file was kept (free space, or give --db on another disk)") from None
 
 

@@ -82,6 +82,7 @@ class _Rows:
 
     def __init__(self) -> None:
         self.rank: int | None = None
+        self.file_id = -1
         self.rows = 0
 
     def add(self, tables: dict[str, pa.Table]) -> None:

@@ -328,6 +328,8 @@ def _in_process(
             with store.FileWriter(con) as w:
                 out = parse_into(path, known, opts, path in explicit, w, split, before.get(printable(path)))
                 result = out if isinstance(out, Skipped) else _commit(con, out, seen, w)
+        except store.StoreFault:
+            raise
         except Exception as e:  # noqa: BLE001 - one file's failure, whatever it is, is that file's alone
             result = failed(path, e)
         yield path, result
@@ -357,6 +359,8 @@ def _in_workers(
                     for name, parquet in res.parquet.items():
                         w.add_parquet(name, parquet, SCHEMAS[name] if name in SCHEMAS else pq.read_schema(parquet))
                     result: Outcome = _commit(con, res.file_row, seen, w)
+            except store.StoreFault:
+                raise
             except Exception as e:  # noqa: BLE001 - as in _in_process
                 result = failed(path, e)
             finally:
