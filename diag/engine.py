@@ -21,6 +21,7 @@ from diag.collectives import Matched, match, wait_intervals
 from diag.digest import RankDigest, digest_rank
 from diag.errors import BadInput
 from diag.executor import Executor
+from diag.ingest.ranks import check_one_run, rank_notes
 from diag.ledger import StepLedger
 from diag.states import I64, StepStates, covered_ns, with_waits
 from diag.timeline import RankTimeline, load_rank, load_ranks, rank_files
@@ -56,6 +57,7 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     files = rank_files(con)
     if not files:
         raise BadInput(str(con), "no Kineto traces in the store: ingest some first")
+    check_one_run(con)
     spec = model_mod.load_model(opts.model) if opts.model else None
     if spec is not None and opts.tokens_per_step:
         spec = replace(spec, tokens_per_step=opts.tokens_per_step)
@@ -155,6 +157,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
                          "gemm_inefficiency holds all GEMM/attention time, non_matmul the rest")
     run.notes.append(flops_source)
     run.notes.append(f"peak: {peak.source}")
+    run.notes.extend(rank_notes(con))
     for r in ranks:
         if not r.steps.from_profiler_step:
             run.notes.append(f"rank {r.rank}: no ProfilerStep spans; one window for the whole capture")

@@ -109,6 +109,14 @@ def drop_file(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         con.execute(f'DELETE FROM "{table}" WHERE file_id = ?', [file_id])
 
 
+def parts_of(con: duckdb.DuckDBPyConnection, file_id: int) -> list[int]:
+    """A file's id and those of the other ranks split from the same merged file (diag/ingest/merged.py):
+    the rows of one path and one read."""
+    return [f for (f,) in con.execute(
+        "SELECT o.file_id FROM trace_files f JOIN trace_files o ON o.file_id = f.file_id "
+        "OR (o.path = f.path AND o.read_hash = f.read_hash) WHERE f.file_id = ?", [file_id]).fetchall()]
+
+
 # Arrow buffered per file before it is inserted: a few chunks' worth, small beside the chunk's
 # Python objects (a 4 MB chunk of JSON is ~3.5 MB of Arrow).
 FLUSH_BYTES = 16 * 1024**2
@@ -122,12 +130,16 @@ class StoreFault(BadInput):
 class FileWriter:
     """One file's rows, written in one transaction: `add` chunks as they are parsed, then
     `finish` with the file's row. Leaving the `with` block any other way rolls everything back,
-    so a failure leaves nothing of the file behind (ingest is atomic per file)."""
+    so a failure leaves nothing of the file behind (ingest is atomic per file).
+
+    A file that merges several ranks (diag/ingest/merged.py) is `split` into one file id per rank:
+    its tables then carry a `rank` column, and each row goes to its rank's id."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, rank: int | None = None) -> None:
         self.con = con
         self.rank = rank   # set before the first add: every row carries it
         self.file_id = -1
+        self.parts: dict[int, int] = {}   # rank → file id, for a merged file
         self.done = False
         self.pending: dict[str, list[pa.Table]] = {}
         self.pending_bytes = 0
@@ -137,6 +149,12 @@ class FileWriter:
         # fetchall: DuckDB refuses other work on a connection while a result is left half-read.
         self.file_id = int(self.con.execute("SELECT nextval('file_id_seq')").fetchall()[0][0])
         return self
+
+    def split(self, ranks: list[int]) -> None:
+        """One file id per rank (the first rank keeps this file's id), before the first add."""
+        ids = [self.file_id] + [int(r[0]) for r in self.con.execute(
+            "SELECT nextval('file_id_seq') FROM range(?)", [len(ranks) - 1]).fetchall()]
+        self.parts = dict(zip(ranks, ids, strict=True))
 
     def add(self, tables: dict[str, pa.Table]) -> None:
         """Buffer a chunk's tables; write them once FLUSH_BYTES of Arrow have gathered. Each
@@ -160,41 +178,47 @@ class FileWriter:
         self._insert(name, schema.empty_table(), f"read_parquet('{_sql_str(path)}')", lambda: None)
 
     def _insert(self, name: str, like: pa.Table, source: str, register: Any) -> None:
-        cols = like.column_names
+        cols = [c for c in like.column_names if c != "rank"]
         exprs = [
             f'CAST(decode("{c}") AS JSON)' if c in _JSON_COLUMNS and pa.types.is_binary(like.schema.field(c).type)
             else f'"{c}"'
             for c in cols
         ]
-        rank = "NULL" if self.rank is None else str(int(self.rank))
+        if "rank" in like.column_names:
+            cases = " ".join(f"WHEN {int(r)} THEN {int(f)}" for r, f in self.parts.items())
+            file_id, rank = f'CASE "rank" {cases} END', '"rank"'
+        else:
+            file_id, rank = str(self.file_id), "NULL" if self.rank is None else str(int(self.rank))
         register()
         try:
             self.con.execute(
                 f"INSERT INTO {name} (file_id, rank, {', '.join(cols)}) "
-                f"SELECT {self.file_id}, {rank}, {', '.join(exprs)} FROM {source}"
+                f"SELECT {file_id}, {rank}, {', '.join(exprs)} FROM {source}"
             )
         finally:
             if source == "_incoming":
                 self.con.unregister("_incoming")
 
-    def finish(self, file_row: dict[str, Any], update: bool = False) -> int:
-        """Write the file's row and commit. `update`: the rows added belong to a file already in
-        the store (`file_id` set to it: an appended log), whose row takes these values."""
+    def finish(self, *file_rows: dict[str, Any], update: bool = False) -> int:
+        """Write the file's row (a merged file: one per rank, each with its file_id) and commit.
+        `update`: the rows added belong to a file already in the store (`file_id` set to it: an
+        appended log), whose row takes these values."""
         self.flush()
-        row = dict(file_row, file_id=self.file_id,
-                   ingested_at=datetime.now(timezone.utc).replace(tzinfo=None))
-        for key in ("device_props", "distributed_info", "warnings", "read_state"):
-            row[key] = None if row.get(key) is None else json.dumps(row[key])
-        cols = list(row)
-        if update:
-            cols.remove("file_id")
-            self.con.execute(f"UPDATE trace_files SET {', '.join(f'{c} = ?' for c in cols)} WHERE file_id = ?",
-                             [row[c] for c in cols] + [self.file_id])
-        else:
-            self.con.execute(
-                f"INSERT INTO trace_files ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-                [row[c] for c in cols],
-            )
+        for file_row in file_rows:
+            row = dict(file_row, file_id=file_row.get("file_id", self.file_id),
+                       ingested_at=datetime.now(timezone.utc).replace(tzinfo=None))
+            for key in ("device_props", "distributed_info", "warnings", "read_state"):
+                row[key] = None if row.get(key) is None else json.dumps(row[key])
+            cols = list(row)
+            if update:
+                cols.remove("file_id")
+                self.con.execute(f"UPDATE trace_files SET {', '.join(f'{c} = ?' for c in cols)} WHERE file_id = ?",
+                                 [row[c] for c in cols] + [row["file_id"]])
+            else:
+                self.con.execute(
+                    f"INSERT INTO trace_files ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                    [row[c] for c in cols],
+                )
         self.con.execute("COMMIT")
         self.done = True
         return self.file_id

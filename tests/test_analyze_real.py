@@ -29,8 +29,8 @@ def _traces() -> list[Path]:
 
 @pytest.mark.parametrize("trace", _traces(), ids=lambda p: p.name)
 def test_analyze_runs_to_the_end_and_the_ledger_sums(trace: Path) -> None:
-    # --rank only applies to the few HTA test traces that carry no rank at all.
-    analysis, report = analyze_path(str(trace), None, ingest_opts=IngestOptions(rank=0, jobs=1), warn=False)
+    # No flags: a trace without distributedInfo or a rank in its name is one process, rank 0.
+    analysis, report = analyze_path(str(trace), None, ingest_opts=IngestOptions(jobs=1), warn=False)
     for lg in analysis.run.ledgers:
         assert sum(lg.buckets.values()) == pytest.approx(lg.window_s, rel=1e-9, abs=1e-12)
         assert min(lg.buckets.values()) >= 0
@@ -46,6 +46,29 @@ def test_analyze_runs_to_the_end_and_the_ledger_sums(trace: Path) -> None:
     assert recoverable == sorted(recoverable, reverse=True)
     if report["mfu"] is not None:
         assert 0 < report["mfu"] <= 1 and report["hfu"] >= report["mfu"]
+
+
+# The public traces with no rank anywhere (no distributedInfo.rank, none in the name), which
+# `diag analyze` once refused without --rank.
+RANKLESS = [
+    "kineto/docs/traces/after_fix_trace.json",
+    "kineto/docs/traces/before_fix_trace.json",
+    "param/et_replay/tests/inputs/linear_kineto.json.gz",
+    "param/et_replay/tests/inputs/resnet_kineto.json.gz",
+    "HolisticTraceAnalysis/tests/data/triton_example/triton_example.json.gz",
+    "HolisticTraceAnalysis/tests/data/rank_unavailable/rank_not_found.json.gz",
+    "HolisticTraceAnalysis/tests/data/distributed_info_unavailable/distributed_info_not_found.json.gz",
+    "HolisticTraceAnalysis/tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+]
+
+
+@pytest.mark.parametrize("trace", RANKLESS, ids=lambda p: Path(p).name)
+def test_a_trace_without_a_rank_analyzes_with_no_flags(trace: str) -> None:
+    r = run_diag("analyze", str(shared_traces() / trace), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["ranks"] == [0]
+    assert "no trace or file name gave a rank: one process, taken as rank 0" in report["notes"]
 
 
 def test_json_report_contract_from_the_cli(tmp_path: Path) -> None:

@@ -166,17 +166,21 @@ def test_reingest_adds_zero_rows(tmp_path: Path) -> None:
     assert total() == before
 
 
-def test_rank_from_file_name_with_a_warning_else_error_naming_rank_option(tmp_path: Path) -> None:
+def test_rank_from_file_name_with_a_warning_else_by_process_or_option(tmp_path: Path) -> None:
+    """No distributedInfo.rank: the name's rank, else rank 0 for a lone process (once refused
+    with "pass --rank N"), and --rank still names a single file's rank."""
     src = shared_traces() / "kineto/docs/traces/after_fix_trace.json"
     named = tmp_path / "rank-5.json"
     shutil.copy(src, named)
     r = run_diag("ingest", str(named), "--db", str(tmp_path / "a.duckdb"))
     assert r.returncode == 0 and "rank 5 taken from the file name" in r.stderr
-    r = run_diag("ingest", str(src), "--db", str(tmp_path / "b.duckdb"))
-    assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and "--rank" in r.stderr and str(src) in r.stderr
-    r = run_diag("ingest", str(src), "--db", str(tmp_path / "c.duckdb"), "--rank", "2")
-    assert r.returncode == 0
+    for db, args, rank, source in (("b", (), 0, "process"), ("c", ("--rank", "2"), 2, "option")):
+        r = run_diag("ingest", str(src), "--db", str(tmp_path / f"{db}.duckdb"), *args)
+        assert r.returncode == 0, r.stderr
+        con = duckdb.connect(str(tmp_path / f"{db}.duckdb"), read_only=True)
+        assert one(con, "SELECT rank, rank_source FROM trace_files") == (rank, source)
+        assert one(con, "SELECT count(*) FROM kernels WHERE rank IS DISTINCT FROM ?", [rank]) == (0,)
+        con.close()
 
 
 def test_capture_windows_of_one_rank_are_kept_apart_and_clashes_named(tmp_path: Path) -> None:

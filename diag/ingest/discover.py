@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from diag.errors import BadInput
@@ -16,9 +17,25 @@ _EXTENSIONLESS_DUMP = re.compile(r"(^|_)trace_rank_\d+$")
 _NOT_TRACES = frozenset({"truth.json", "expected.json"})
 
 # `rank-3.json`, `rank_3.pt.trace.json.gz`, `rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz`,
-# `nccl_trace_rank_5`, `trace_rank3.json`.
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^0-9]|$)", re.IGNORECASE)
+# `nccl_trace_rank_5`, `trace_rank3.json`; `worker3.<time_ns>.pt.trace.json` (a worker_name chosen
+# for tensorboard_trace_handler).
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)(?:[^0-9]|$)", re.IGNORECASE)
+# The weakest form, `profile_3.json`: a number after the last underscore, just before the extension.
+_NUMBER_BEFORE_SUFFIX = re.compile(r"_(\d+)\.(?:pt\.trace\.)?json(?:\.gz)?$")
+# torch.profiler.tensorboard_trace_handler writes `<worker_name>.<time.time_ns()>.pt.trace.json[.gz]`,
+# worker_name defaulting to `<hostname>_<pid>` (torch/profiler/profiler.py): that number is a pid,
+# never a rank. A hostname may hold dots and underscores; time_ns has 19 digits today.
+_TENSORBOARD_NAME = re.compile(r"^(?P<worker>.+)\.(?P<time_ns>\d{16,})\.pt\.trace\.json(?:\.gz)?$")
+_DEFAULT_WORKER = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)$")
 
+
+@dataclass(frozen=True)
+class NameParts:
+    """What a trace file's name says about who wrote it."""
+
+    rank: int | None
+    host: str | None     # from tensorboard_trace_handler's default worker name
+    pid: int | None
 
 def discover(paths: list[str]) -> tuple[list[str], list[str]]:
     """(files to ingest, explicitly named files) from files and directories (searched recursively).
@@ -59,5 +76,23 @@ def _looks_like_trace(f: Path) -> bool:
 
 
 def rank_from_name(path: str) -> int | None:
-    m = _RANK_IN_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    return name_parts(path).rank
+
+
+def name_parts(path: str) -> NameParts:
+    """The rank a file name carries (`rank3`, `rank-3`, `rank_3`, `worker3`, else `_3.` before the
+    extension), or the hostname and pid of tensorboard_trace_handler's default name."""
+    name = Path(path).name
+    tb = _TENSORBOARD_NAME.match(name)
+    if tb is None:
+        m = _RANK_IN_NAME.search(name) or _NUMBER_BEFORE_SUFFIX.search(name)
+        return NameParts(int(m.group(1)) if m else None, None, None)
+    worker = tb.group("worker")
+    m = _RANK_IN_NAME.search(worker)
+    if m and m.span(1)[1] == len(worker):   # `rank_3`, `worker3`: a worker_name chosen by rank
+        return NameParts(int(m.group(1)), None, None)
+    # The default `<hostname>_<pid>`: a hostname such as `job-worker-3` names a machine, not a rank.
+    default = _DEFAULT_WORKER.match(worker)
+    if default:
+        return NameParts(None, default.group("host"), int(default.group("pid")))
+    return NameParts(int(m.group(1)) if m else None, None, None)

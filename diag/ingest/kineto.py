@@ -20,7 +20,7 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import numpy as np
@@ -28,6 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from diag.errors import BadInput
+
+if TYPE_CHECKING:
+    from diag.ingest.merged import RankMap
 
 Number = int | float
 
@@ -70,6 +73,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     rank_stride: int | None = msgspec.field(default=None, name="Global rank stride")
     in_split: msgspec.Raw = msgspec.field(default=_NO_RAW, name="In split size")
     out_split: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Out split size")
+    # The rank a merge tool stamped on every event (TraceLens TraceFusion; diag/ingest/merged.py).
+    rank: int | None = None
 
 
 _EMPTY_ARGS = _Args()
@@ -198,7 +203,7 @@ class KinetoFile:
 
 def read_kineto(
     path: str, data: Any, salvage: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    release: Any = None, split: bool = False,
+    release: Any = None, split: bool = False, rank_map: RankMap | None = None,
 ) -> tuple[KinetoFile, Iterator[dict[str, pa.Table]]]:
     """The file's metadata, and its event tables one bounded chunk at a time.
 
@@ -207,6 +212,7 @@ def read_kineto(
     Python objects whatever the file's size. `release(start, end)` is told when a byte range of
     `data` is done with (memory-mapped files drop those pages). With `split`, the second half of a
     file of SPLIT_BYTES or more is parsed at the same time in a forked child (diag/ingest/forked.py).
+    With `rank_map` (a merged file), every table gets a `rank` column and each event its original pid.
     """
     head, damage = _decode_head(path, data, salvage)
     info = KinetoFile(
@@ -214,11 +220,12 @@ def read_kineto(
         base_time_ns=head.baseTimeNanoseconds, device_props=_json_or_none(path, "deviceProperties", head.deviceProperties),
         distributed_info=_json_or_none(path, "distributedInfo", head.distributedInfo), partial=damage is not None, damage_offset=damage,
     )
-    return info, _chunks(path, info, head.traceEvents, chunk_bytes, release, split)
+    return info, _chunks(path, info, head.traceEvents, chunk_bytes, release, split, rank_map)
 
 
 def _chunks(
-    path: str, info: KinetoFile, events: msgspec.Raw, chunk_bytes: int, release: Any, split: bool
+    path: str, info: KinetoFile, events: msgspec.Raw, chunk_bytes: int, release: Any, split: bool,
+    rank_map: RankMap | None,
 ) -> Iterator[dict[str, pa.Table]]:
     bad: Counter[str] = Counter()
     mv = memoryview(events)
@@ -230,7 +237,7 @@ def _chunks(
     while pos < end and mv[pos] in b" \t\r\n":
         pos += 1
     half = None
-    if split and end - pos >= SPLIT_BYTES:
+    if split and end - pos >= SPLIT_BYTES and rank_map is None:
         from diag.ingest.forked import SecondHalf
 
         stop, start = _cut(mv, pos, end, (end - pos) // 2)
@@ -240,7 +247,7 @@ def _chunks(
             half = None
     with half if half is not None else nullcontext():
         stopped = yield from _range(path, info, mv, pos, end, chunk_bytes, release, bad,
-                                    None if half is None else stop)
+                                    None if half is None else stop, rank_map)
         if half is not None:
             if stopped == stop:   # the child's tables follow this process's, in order
                 yield from half.tables(info, bad)
@@ -270,7 +277,7 @@ def _second_half(
 
 def _range(
     path: str, info: KinetoFile, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
-    bad: Counter[str], stop: int | None = None,
+    bad: Counter[str], stop: int | None = None, rank_map: RankMap | None = None,
 ) -> Generator[dict[str, pa.Table], None, int]:
     """The events in mv[pos:end], chunk by chunk; with `stop`, it ends there, or just before
     where `stop` turns out not to end a whole event. Returns where it ended."""
@@ -295,7 +302,8 @@ def _range(
                     piece = b"[" + mv[pos:cut].tobytes() + b"]"
             raws = [r.args for r in _raw_args_decoder.decode(piece)]
             try:
-                tables, era_2021 = _tabulate(evs, raws, bad)
+                tables, era_2021 = _tabulate(evs, raws, bad) if rank_map is None else \
+                    _tabulate_by_rank(evs, raws, bad, rank_map)
             except _OutOfRange:
                 i, what = next((i, f"{k} {v}") for i, e in enumerate(evs) for k, v in (("ts", e.ts), ("dur", e.dur))
                                if v is not None and abs(v) > _MAX_US)
@@ -786,6 +794,25 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) 
 
 
 _CATS_2021 = frozenset({"Kernel", "Runtime", "Operator"})
+
+
+def _tabulate_by_rank(
+    events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str], rank_map: RankMap
+) -> tuple[dict[str, pa.Table], bool]:
+    """_tabulate of a merged file's chunk: each rank's events apart (with the pid they had before
+    the merge), every table with a `rank` column."""
+    groups: dict[int, tuple[list[_Event], list[msgspec.Raw]]] = {}
+    for ev, raw in zip(events, raws, strict=True):
+        rank, ev.pid = rank_map.place(ev.pid, ev.args.rank)
+        evs, rs = groups.setdefault(rank, ([], []))
+        evs.append(ev)
+        rs.append(raw)
+    parts = [(rank, *_tabulate(evs, rs, bad)) for rank, (evs, rs) in groups.items()] or \
+        [(rank_map.ranks[0], *_tabulate([], [], bad))]
+    out = {name: pa.concat_tables([t[name].append_column("rank", pa.array([rank] * t[name].num_rows, pa.int32()))
+                                   for rank, t, _ in parts])
+           for name in parts[0][1]}
+    return out, any(era for _, _, era in parts)
 
 
 def _extent(tables: dict[str, pa.Table]) -> tuple[int | None, int | None]:

@@ -30,7 +30,16 @@ from diag import store
 from diag.errors import BadInput, printable
 from diag.executor import make_executor
 from diag.ingest.discover import discover, rank_from_name
-from diag.ingest.kineto import SCHEMAS, device_props_for, rank_from_distributed_info, read_kineto
+from diag.ingest.kineto import (
+    EVENT_TABLES,
+    SCHEMAS,
+    device_props_for,
+    rank_from_distributed_info,
+    read_kineto,
+)
+from diag.ingest.merged import rank_map
+from diag.ingest.ranks import assign_by_process
+from diag.ingest.sniff import trace_format
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
 from diag.lifetime import run_dir
 
@@ -102,6 +111,8 @@ class Sink(Protocol):
     rank: int | None
     file_id: int        # the file the rows belong to: set to an earlier one's when they are appended to it
 
+    def split(self, ranks: list[int]) -> None: ...
+
     def add(self, tables: dict[str, pa.Table]) -> None: ...
 
 
@@ -116,38 +127,44 @@ def parse_into(
     src = read_source(path, opts.max_bytes, salvage=opts.salvage)
     if src.content_hash in known:
         return Skipped(path, "already ingested (same content)", duplicate=True)
-    from diag.ingest import nccl
-
     grown = prior is not None and prior.read_bytes is not None and len(src.data) >= prior.read_bytes and \
         _hash(src, prior.read_bytes) == prior.read_hash
-    kind = nccl.detect_kind(bytes(src.data[:65536]))
-    if kind is not None:
-        return _nccl_file(path, src, kind, opts, sink, prior, grown)
-    if src.data.find(b'"traceEvents"') < 0:
+    fmt = trace_format(src.data)
+    if fmt.kind not in (None, "kineto"):
+        return _nccl_file(path, src, fmt.kind, opts, sink, prior, grown)
+    if fmt.kind is None:
         if explicit:
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)
         return Skipped(path, "not a trace (no traceEvents)")
-    info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release, split=split)
-    warnings: list[str] = []
+    merged = rank_map(src.data)
+    info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release, split=split,
+                               rank_map=merged)
+    warnings = [fmt.warning] if fmt.warning else []
     rank, world, backend = rank_from_distributed_info(info.distributed_info)
-    source = "distributedInfo"
+    source: str | None = "distributedInfo"
+    if merged is not None:
+        # A merge tool keeps the first rank's distributedInfo (sglang) or none: the names decide.
+        rank, source = merged.ranks[0], "merged"
+        sink.split(merged.ranks)
     if rank is None and opts.rank is not None:
         rank, source = opts.rank, "option"
     if rank is None:
         rank = rank_from_name(path)
-        source = "filename"
-        if rank is None:
-            raise BadInput(
-                path,
-                "no rank: the trace has no distributedInfo.rank and the file name has none; "
-                "name it rank-N.json or pass --rank N",
-            )
-        warnings.append(f"rank {rank} taken from the file name (no distributedInfo.rank)")
-    if not 0 <= rank < 2**31:   # trace_files.rank is an INTEGER
-        raise BadInput(path, f"rank {rank} (from {source}) is not a rank")
+        source = "filename" if rank is not None else None   # None: by process, once all files are in
+        if rank is not None:
+            warnings.append(f"rank {rank} taken from the file name (no distributedInfo.rank)")
+    for r in [rank] if merged is None else merged.ranks:
+        if r is not None and not 0 <= r < 2**31:   # trace_files.rank is an INTEGER
+            raise BadInput(path, f"rank {r} (from {source}) is not a rank")
     sink.rank = rank
     for tables in chunks:
         sink.add(tables)
+    if merged is not None:
+        warnings.append(f"merges ranks {', '.join(map(str, merged.ranks))}, told apart by {merged.how}: "
+                        "one timeline per rank")
+        if merged.unplaced:
+            warnings.append(f"{merged.unplaced} events of processes that name no rank were kept with rank "
+                            f"{merged.ranks[0]}")
     if not info.has_gpu:
         warnings.append("no GPU activity (kernels, memcpy, memset): CPU-only or an unsupported accelerator")
     dev = device_props_for(info.device_props, info.kernel_devices)
@@ -160,6 +177,7 @@ def parse_into(
         "n_events": info.n_events, "has_gpu": info.has_gpu, "partial": info.partial,
         "damage_offset": info.damage_offset, "warnings": [*src.warnings, *warnings, *info.warnings],
         "read_bytes": len(src.data), "read_hash": src.content_hash,
+        **({"parts": merged.ranks} if merged is not None else {}),
     }
     return _against(row, prior, len(src.data), grown, appended=False)
 
@@ -225,6 +243,9 @@ class _ParquetSpill:
 
     def __enter__(self) -> _ParquetSpill:
         return self
+
+    def split(self, ranks: list[int]) -> None:
+        """The tables carry their rows' ranks; the parent splits the file when it loads them."""
 
     def add(self, tables: dict[str, pa.Table]) -> None:
         for name, t in tables.items():
@@ -301,8 +322,14 @@ def ingest(
                 elif isinstance(outcome, Skipped):
                     result.skipped.append(replace(outcome, path=path))   # as found, not as stored
                 else:
-                    result.ingested.append((path, outcome[0]))
+                    result.ingested.extend((path, f) for f in outcome[0])
                     result.warnings.extend(f"{path}: {w}" for w in outcome[1])
+    ingested = [f for _, f in result.ingested]
+    if ingested:
+        with store.transaction(con):
+            assign_by_process(con, [f for (f,) in con.execute(
+                f"SELECT file_id FROM trace_files WHERE kind = 'kineto' AND rank IS NULL "
+                f"AND file_id IN ({', '.join(map(str, ingested))})").fetchall()])
     _number_windows(con)
     return result
 
@@ -314,7 +341,7 @@ def _size(path: str) -> int:
         return 0
 
 
-Outcome = tuple[int, list[str]] | Skipped | BadInput   # (file_id, warnings)
+Outcome = tuple[list[int], list[str]] | Skipped | BadInput   # (file ids: one per rank of a merged file, warnings)
 
 
 def _in_process(
@@ -356,8 +383,13 @@ def _in_workers(
                 with store.FileWriter(con) as w:
                     w.rank = res.file_row["rank"]
                     w.file_id = res.file_row.get("appends_to", w.file_id)
+                    parts = res.file_row.get("parts")
+                    if parts:
+                        w.split(parts)
                     for name, parquet in res.parquet.items():
-                        w.add_parquet(name, parquet, SCHEMAS[name] if name in SCHEMAS else pq.read_schema(parquet))
+                        # A merged file's tables carry a rank column beside SCHEMAS' columns.
+                        w.add_parquet(name, parquet, SCHEMAS[name] if name in SCHEMAS and not parts
+                                      else pq.read_schema(parquet))
                     result: Outcome = _commit(con, res.file_row, seen, w)
             except store.StoreFault:
                 raise
@@ -376,15 +408,49 @@ def _commit(con: duckdb.DuckDBPyConnection, row: dict[str, Any], seen: dict[str,
     row = dict(row)
     appends_to, replaces = row.pop("appends_to", None), row.pop("replaces", None)
     if replaces is not None:
-        store.drop_file(con, replaces)
+        for file_id in store.parts_of(con, replaces):
+            store.drop_file(con, file_id)
     if appends_to is not None:
         # The file's rank is that of all its lines: the new ones may have settled or changed it.
         con.execute("UPDATE nccl_ops SET rank = ? WHERE file_id = ? AND rank IS DISTINCT FROM ?",
                     [row["rank"], appends_to, row["rank"]])
-    _check_window(con, row)
-    file_id = w.finish(row, update=appends_to is not None)
+    rows = _part_rows(con, row, w) if "parts" in row else [row]
+    for r in rows:
+        _check_window(con, r)
+    w.finish(*rows, update=appends_to is not None)
     seen[row["content_hash"]] = row["path"]
-    return file_id, list(row.get("warnings") or [])
+    return [r.get("file_id", w.file_id) for r in rows], list(row.get("warnings") or [])
+
+
+def _part_rows(con: duckdb.DuckDBPyConnection, row: dict[str, Any], w: store.FileWriter) -> list[dict[str, Any]]:
+    """A merged file's row, one per rank: each with that rank's counts and extent, read back from
+    the rows just written. The first rank keeps the file's content hash; the others add `:rank<N>`
+    (the hash is unique in trace_files, and re-ingesting the file still finds it)."""
+    w.flush()
+    row = {k: v for k, v in row.items() if k != "parts"}
+    ids = ", ".join(str(f) for f in w.parts.values())
+    counts = dict(con.execute(
+        "SELECT file_id, sum(n) FROM (" + " UNION ALL ".join(
+            f"SELECT file_id, count(*) AS n FROM {t} WHERE file_id IN ({ids}) GROUP BY file_id" for t in EVENT_TABLES
+        ) + ") GROUP BY file_id").fetchall())
+    extent = {f: (lo, hi) for f, lo, hi in con.execute(
+        "SELECT file_id, min(ts_ns), max(ts_ns + dur_ns) FROM (" + " UNION ALL ".join(
+            f"SELECT file_id, ts_ns, dur_ns FROM {t} WHERE file_id IN ({ids})"
+            for t in ("cpu_ops", "runtime_calls", "kernels", "copies", "gpu_annotations")
+        ) + ") GROUP BY file_id").fetchall()}
+    devices = dict(con.execute(
+        f"SELECT file_id, min(device) FROM (SELECT file_id, device FROM kernels WHERE file_id IN ({ids}) "
+        f"UNION ALL SELECT file_id, device FROM copies WHERE file_id IN ({ids})) GROUP BY file_id").fetchall())
+    out = []
+    for i, (rank, file_id) in enumerate(w.parts.items()):
+        dev = device_props_for(row["device_props"], [devices.get(file_id)])
+        lo, hi = extent.get(file_id, (None, None))
+        out.append(dict(
+            row, file_id=file_id, rank=rank, content_hash=row["content_hash"] + ("" if i == 0 else f":rank{rank}"),
+            n_events=int(counts.get(file_id, 0)), first_ts_ns=lo, last_ts_ns=hi, has_gpu=file_id in devices,
+            device_name=None if dev is None else dev.get("name"),
+        ))
+    return out
 
 
 def _check_window(con: duckdb.DuckDBPyConnection, row: dict[str, Any]) -> None:

@@ -1,0 +1,189 @@
+"""Ranks for traces that carry none, and the runs a store holds.
+
+The rules (DESIGN.md "Cross-rank reconstruction"), in order: `distributedInfo.rank`; else a rank
+in the file name (diag/ingest/discover.py); else by process. A process is its hostname and pid:
+the name `<hostname>_<pid>.<time_ns>.pt.trace.json` that tensorboard_trace_handler writes by
+default gives both, else the pid its CPU events carry. One process (a lone file, or several
+files of one hostname/pid) is rank 0; several are ranks 0..n−1 in (hostname, pid) order, skipping
+ranks other files already hold. Several files of one rank are its capture windows (a schedule
+with several cycles writes one file per cycle), numbered by their first timestamp.
+
+Files of one store are one run unless they cannot be: different world sizes or GPUs, or captures
+of different processes hours apart. Those are refused, not merged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from diag.errors import BadInput
+from diag.ingest.discover import name_parts
+from diag.ingest.kineto import SCHEMAS
+
+# Captures of one run's ranks overlap, or follow each other by the seconds to minutes between
+# profiler cycles; a capture of another process an hour from any other is another run.
+RUN_GAP_NS = 3600 * 10**9
+# Runs named in the refusal; the message stays one line.
+_LISTED = 5
+
+
+@dataclass(frozen=True)
+class _Pending:
+    file_id: int
+    path: str
+    host: str
+    pid: int | None
+
+
+def assign_by_process(con: duckdb.DuckDBPyConnection, file_ids: list[int]) -> None:
+    """Give each of these rank-less Kineto files the rank of its process (rank_source 'process')."""
+    if not file_ids:
+        return
+    ids = ", ".join(str(int(f)) for f in file_ids)
+    rows = con.execute(
+        f"""
+        SELECT f.file_id, f.path,
+               coalesce((SELECT mode(pid) FROM cpu_ops c WHERE c.file_id = f.file_id),
+                        (SELECT mode(pid) FROM runtime_calls r WHERE r.file_id = f.file_id))
+        FROM trace_files f WHERE f.file_id IN ({ids}) ORDER BY f.file_id
+        """
+    ).fetchall()
+    pending = []
+    for file_id, path, content_pid in rows:
+        name = name_parts(path)
+        pending.append(_Pending(file_id, path, name.host or "", name.pid if name.pid is not None else content_pid))
+    # A file whose pid is unknown is a process of its own.
+    processes = sorted({(p.host, p.pid if p.pid is not None else -1, "" if p.pid is not None else p.path)
+                        for p in pending})
+    taken = {r for (r,) in con.execute("SELECT DISTINCT rank FROM trace_files WHERE kind = 'kineto' "
+                                       f"AND rank IS NOT NULL AND file_id NOT IN ({ids})").fetchall()}
+    free = (r for r in range(len(taken) + len(processes)) if r not in taken)
+    rank_of = dict(zip(processes, free, strict=False))
+    with_rank: dict[int, int] = {}
+    for p in pending:
+        key = (p.host, p.pid if p.pid is not None else -1, "" if p.pid is not None else p.path)
+        with_rank[p.file_id] = rank_of[key]
+        who = " ".join(x for x in (f"host {p.host}" if p.host else "", f"pid {p.pid}" if p.pid is not None else "") if x)
+        how = ("the only process" if len(processes) == 1 else
+               f"of {len(processes)} processes numbered by hostname, then pid")
+        _add_warning(con, p.file_id, f"no rank in the trace or its name: rank {rank_of[key]}, {how} ({who or 'unknown'})")
+    cases = " ".join(f"WHEN {f} THEN {r}" for f, r in with_rank.items())
+    for table in (*SCHEMAS, "trace_files"):
+        con.execute(f"UPDATE {table} SET rank = CASE file_id {cases} END WHERE file_id IN ({ids})")
+    con.execute(f"UPDATE trace_files SET rank_source = 'process' WHERE file_id IN ({ids})")
+
+
+def _add_warning(con: duckdb.DuckDBPyConnection, file_id: int, warning: str) -> None:
+    row = con.execute("SELECT warnings FROM trace_files WHERE file_id = ?", [file_id]).fetchall()[0]
+    warnings = json.loads(row[0]) if row[0] else []
+    con.execute("UPDATE trace_files SET warnings = ? WHERE file_id = ?", [json.dumps([*warnings, warning]), file_id])
+
+
+@dataclass(frozen=True)
+class _Capture:
+    path: str
+    world: int | None
+    device: str | None
+    first_ns: int
+    last_ns: int
+    process: tuple[str, int] | None     # (hostname, pid) where known
+
+
+def check_one_run(con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse a store whose Kineto files are several unrelated runs, naming each."""
+    captures = [
+        _Capture(path, world, device, first, last, (name_parts(path).host or "", pid) if pid is not None else None)
+        for path, world, device, first, last, pid in con.execute(
+            """
+            SELECT path, world_size, device_name, coalesce(first_ts_ns, 0), coalesce(last_ts_ns, 0),
+                   (SELECT mode(pid) FROM cpu_ops c WHERE c.file_id = f.file_id)
+            FROM trace_files f WHERE kind = 'kineto' ORDER BY first_ts_ns, file_id
+            """
+        ).fetchall()
+    ]
+    runs = _runs(captures)
+    if len(runs) > 1:
+        listed = " | ".join(f"run {i + 1}: {_describe(r)}" for i, r in enumerate(runs[:_LISTED]))
+        if len(runs) > _LISTED:
+            listed += f" | and {len(runs) - _LISTED} more"
+        raise BadInput(captures[0].path, f"{len(runs)} unrelated runs in one input ({listed}); they differ in "
+                                         "world size, GPU or time (hours apart): analyze each run on its own")
+
+
+def _runs(captures: list[_Capture]) -> list[list[_Capture]]:
+    """Captures in time order, joined while each starts within RUN_GAP_NS of those before it, and
+    wherever one process wrote them; then split where world sizes or GPUs differ."""
+    parent = list(range(len(captures)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    reach: int | None = None
+    seen: dict[tuple[str, int], int] = {}
+    for i, c in enumerate(captures):
+        if reach is not None and c.first_ns - reach <= RUN_GAP_NS:
+            parent[find(i)] = find(i - 1)
+        reach = c.last_ns if reach is None else max(reach, c.last_ns)
+        if c.process is not None:
+            if c.process in seen:
+                parent[find(i)] = find(seen[c.process])
+            seen[c.process] = i
+    runs: dict[tuple[int, int | None, str | None], list[_Capture]] = {}
+    for i, c in enumerate(captures):
+        runs.setdefault((find(i), c.world, c.device), []).append(c)
+    # A file that does not say its world size or GPU belongs with the one run beside it that does.
+    out: dict[tuple[int, int | None, str | None], list[_Capture]] = {}
+    for key, group in runs.items():
+        root, world, device = key
+        fits = [k for k in runs if k[0] == root and k != key and (world is None or k[1] == world)
+                and (device is None or k[2] == device) and (k[1] is not None or k[2] is not None)]
+        out.setdefault(fits[0] if (world is None or device is None) and len(fits) == 1 else key, []).extend(group)
+    return list(out.values())
+
+
+def _describe(run: list[_Capture]) -> str:
+    worlds = sorted({c.world for c in run if c.world is not None})
+    devices = sorted({c.device for c in run if c.device is not None})
+    names = [Path(c.path).name for c in run]
+    what = [f"{len(names)} file(s): " + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")]
+    if worlds:
+        what.append(f"world size {'/'.join(map(str, worlds))}")
+    if devices:
+        what.append("/".join(devices))
+    return "; ".join(what)
+
+
+def rank_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """What the report says about ranks that no trace named, merged files and capture windows."""
+    notes = []
+    process = con.execute(
+        "SELECT rank, min(path) FROM trace_files WHERE kind = 'kineto' AND rank_source = 'process' "
+        "GROUP BY rank ORDER BY rank"
+    ).fetchall()
+    if len(process) > 1:
+        shown = ", ".join(f"rank {r} = {Path(p).name}" for r, p in process)
+        notes.append(f"no trace or file name gave a rank: ranks {process[0][0]}..{process[-1][0]} numbered by "
+                     f"process (hostname, then pid): {shown}")
+    elif process:
+        notes.append(f"no trace or file name gave a rank: one process, taken as rank {process[0][0]}")
+    for path, n, lo, hi in con.execute(
+        "SELECT path, count(*), min(rank), max(rank) FROM trace_files WHERE kind = 'kineto' AND rank_source = 'merged' "
+        "GROUP BY path ORDER BY path"
+    ).fetchall():
+        notes.append(f"{Path(path).name} merges {n} ranks ({lo}..{hi}): split into one timeline per rank")
+    windows = con.execute(
+        "SELECT count(*), min(n), max(n) FROM (SELECT count(*) AS n FROM trace_files WHERE kind = 'kineto' "
+        "GROUP BY rank HAVING count(*) > 1)"
+    ).fetchall()[0]
+    if windows[0]:
+        each = str(windows[1]) if windows[1] == windows[2] else f"{windows[1]}–{windows[2]}"
+        notes.append(f"{windows[0]} rank(s) with {each} capture windows each (one file per profiler cycle), "
+                     "analyzed together")
+    return notes

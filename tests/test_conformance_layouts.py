@@ -1,0 +1,180 @@
+"""`diag analyze PATH`, no flags, on traces laid out the way the world writes them.
+
+Real CPU captures made here with torch.profiler (a small MLP, a few steps): the default
+tensorboard_trace_handler names with no distributed init, a schedule with several cycles (one file
+per cycle), two processes without distributed init, with_stack=True; then a file merged from
+two ranks the way merge tools write one, and a pretty-printed copy re-saved with "metadata" first.
+Each runs through the real CLI and must exit 0 with the ranks and windows the rules give
+(README "Ranks and captures").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import run_diag
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.xdist_group("conformance")
+
+# One process: a 3-layer MLP trained for a few steps under torch.profiler with
+# tensorboard_trace_handler, writing into DIR with the given schedule and options.
+CAPTURE = textwrap.dedent(
+    """
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    out, cycles, stack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "stack"
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 64), torch.randn(32, 8)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=stack,
+                 schedule=schedule(wait=1, warmup=1, active=2, repeat=cycles),
+                 on_trace_ready=tensorboard_trace_handler(out)) as prof:
+        for _ in range(4 * cycles + 1):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            prof.step()
+    """
+)
+
+
+def _capture(out: Path, cycles: int = 1, stack: bool = False) -> subprocess.Popen[bytes]:
+    out.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-c", CAPTURE, str(out), str(cycles), "stack" if stack else "-"])
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("layouts")
+    runs = [_capture(root / "default"), _capture(root / "cycles", cycles=3), _capture(root / "stack", stack=True),
+            _capture(root / "two"), _capture(root / "two")]
+    for p in runs:
+        assert p.wait(timeout=300) == 0
+    return root
+
+
+def _analyze(path: Path) -> dict[str, Any]:
+    r = run_diag("analyze", str(path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    report: dict[str, Any] = json.loads(r.stdout)
+    return report
+
+
+def _by_pid(folder: Path) -> list[Path]:
+    """tensorboard_trace_handler's files `<hostname>_<pid>.<time_ns>.pt.trace.json`, by pid."""
+    return sorted(folder.iterdir(), key=lambda f: int(re.search(r"_(\d+)\.\d+\.pt\.trace\.json$", f.name)[1]))  # type: ignore[index]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def test_default_names_without_distributed_init_are_rank_0(captured: Path) -> None:
+    [f] = list((captured / "default").iterdir())
+    assert f.name.endswith(".pt.trace.json") and "distributedInfo" not in _load(f)
+    report = _analyze(captured / "default")
+    assert report["ranks"] == [0] and report["steps"] == 2
+    assert any("one process, taken as rank 0" in n for n in report["notes"])
+
+
+def test_a_schedule_with_several_cycles_is_capture_windows_of_one_rank(captured: Path) -> None:
+    files = sorted((captured / "cycles").iterdir())
+    assert len(files) == 3 and len({f.name.split(".")[0] for f in files}) == 1   # one worker, three cycles
+    report = _analyze(captured / "cycles")
+    assert report["ranks"] == [0] and report["steps"] == 6
+    assert any("3 capture windows" in n for n in report["notes"])
+
+
+def test_two_processes_without_ranks_are_ranks_0_and_1_by_pid(captured: Path) -> None:
+    files = _by_pid(captured / "two")
+    assert len(files) == 2
+    report = _analyze(captured / "two")
+    assert report["ranks"] == [0, 1]
+    [note] = [n for n in report["notes"] if "numbered by process" in n]
+    assert f"rank 0 = {files[0].name}" in note and f"rank 1 = {files[1].name}" in note
+
+
+def test_with_stack(captured: Path) -> None:
+    [f] = list((captured / "stack").iterdir())
+    assert any(e.get("cat") == "python_function" for e in _load(f)["traceEvents"])
+    assert _analyze(f)["ranks"] == [0]
+
+
+def test_pretty_printed_with_metadata_first(captured: Path, tmp_path: Path) -> None:
+    [f] = list((captured / "default").iterdir())
+    doc = _load(f)
+    resaved = {"metadata": {"saved_by": "a viewer"}, **{k: v for k, v in doc.items() if k != "traceEvents"},
+               "traceEvents": doc["traceEvents"]}
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(resaved, indent=2))
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps(resaved))
+    for path in (pretty, compact):
+        report = _analyze(path)
+        assert report["ranks"] == [0] and report["steps"] == 2
+
+
+def _two(captured: Path) -> list[dict[str, Any]]:
+    return [_load(f) for f in _by_pid(captured / "two")]
+
+
+def _sglang(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """python/sglang/srt/utils/profile_merger.py: each pid becomes the string "[TPnn] <pid>"."""
+    merged: dict[str, Any] = {"traceEvents": []}
+    for rank, doc in enumerate(docs):
+        for e in doc["traceEvents"]:
+            e["pid"] = f"[TP{rank:02d}] {e['pid']}"
+        merged["traceEvents"].extend(doc["traceEvents"])
+        merged.update({k: v for k, v in doc.items() if k != "traceEvents" and k not in merged})
+    return merged
+
+
+def _tracelens(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """TraceLens TraceFusion/trace_fuse.py: args.rank on every event, pid and ids offset by rank × 10^k."""
+    pid_step = 10 ** (len(str(max(e["pid"] for e in docs[0]["traceEvents"] if isinstance(e.get("pid"), int)))) + 1)
+    events = []
+    for rank, doc in enumerate(docs):
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "Trace":
+                continue
+            e.setdefault("args", {})["rank"] = rank
+            if isinstance(e.get("pid"), int):
+                e["args"]["pid_raw"] = e["pid"]
+                e["pid"] += rank * pid_step
+            events.append(e)
+    return {"traceEvents": events}
+
+
+def _renamed(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Megatron-LM-AutoTuner tools/merge_profiler_traces.py: pid = rank + 1, named "Rank N"."""
+    events = []
+    for rank, doc in enumerate(docs):
+        for e in doc["traceEvents"]:
+            e["pid"] = rank + 1
+            events.append(e)
+        events.append({"name": "process_name", "ph": "M", "pid": rank + 1, "tid": 0, "args": {"name": f"Rank {rank}"}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+@pytest.mark.parametrize("merge", [_sglang, _tracelens, _renamed], ids=["sglang", "tracelens", "rank-names"])
+def test_a_merged_file_is_split_into_its_ranks(captured: Path, tmp_path: Path, merge: Any) -> None:
+    apart = _analyze(captured / "two")
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps(merge(_two(captured))))
+    report = _analyze(path)
+    assert report["ranks"] == [0, 1]
+    assert any("merges 2 ranks" in n for n in report["notes"])
+    # Each rank's timeline is the one its own file gives.
+    assert report["steps"] == apart["steps"]
+    for rank, ledger in apart["ledger_by_rank"].items():
+        assert report["ledger_by_rank"][rank] == pytest.approx(ledger, abs=1e-9)

@@ -1,0 +1,196 @@
+"""How ingest tells formats, ranks, capture windows and runs apart (README "Ranks and captures").
+
+Real traces from ../shared/traces, re-laid out as other tools write them: re-saved with another
+key first, renamed as tensorboard_trace_handler names files, merged into one file as sglang's
+merge script does, moved hours apart. The conformance suite (test_conformance_layouts.py) does
+the same on captures made here, end to end through the CLI.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import load_json, run_diag, shared_traces
+
+from diag import store
+from diag.api import analyze_path
+from diag.errors import BadInput
+from diag.ingest.discover import NameParts, name_parts
+from diag.ingest.merged import rank_map
+from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.sniff import trace_format
+
+AFTER_FIX = "kineto/docs/traces/after_fix_trace.json"
+TWO_RANKS = "HolisticTraceAnalysis/tests/data/trace_filter"   # sampled_rank-0/-1 of a 128-rank A100 job
+NCCL_DATA = Path(__file__).parent / "data" / "nccl"
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("rank3.json", NameParts(3, None, None)),
+        ("rank-3.pt.trace.json.gz", NameParts(3, None, None)),
+        ("trace_rank_12.json", NameParts(12, None, None)),
+        ("worker3.1733000000000000000.pt.trace.json.gz", NameParts(3, None, None)),
+        ("profile_7.json", NameParts(7, None, None)),
+        ("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", NameParts(34, None, None)),
+        # tensorboard_trace_handler's default `<hostname>_<pid>.<time_ns>`: the pid is no rank,
+        # nor is a number in the hostname.
+        ("node1.cluster_57.1733000000000000000.pt.trace.json", NameParts(None, "node1.cluster", 57)),
+        ("job-worker-3_1234.1733000000000000000.pt.trace.json.gz", NameParts(None, "job-worker-3", 1234)),
+        ("rank_3.1733000000000000000.pt.trace.json", NameParts(3, None, None)),
+        ("after_fix_trace.json", NameParts(None, None, None)),
+        ("benchmark_result_2869224_1695835535_trace.json.gz", NameParts(None, None, None)),
+    ],
+)
+def test_what_a_file_name_says(name: str, want: NameParts) -> None:
+    assert name_parts(name) == want
+
+
+def _resaved(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"tool": "re-saved"}, **doc}
+
+
+def test_a_kineto_trace_is_told_by_its_structure_wherever_traceEvents_sits() -> None:
+    doc = load_json(shared_traces() / AFTER_FIX)
+    last = {**{k: v for k, v in doc.items() if k != "traceEvents"}, "traceEvents": doc["traceEvents"]}
+    for text in (json.dumps(_resaved(doc)), json.dumps(_resaved(doc), indent=2), json.dumps(last, indent=4)):
+        assert trace_format(text.encode()).kind == "kineto"
+    inspector = (NCCL_DATA / "inspector_node-017-pid1639453.json").read_bytes()
+    assert trace_format(inspector).kind == "nccl_inspector"
+    # An Inspector log that merely mentions traceEvents in a value is still a log.
+    line = json.loads(inspector.splitlines()[0])
+    line["metadata"]["note"] = '"traceEvents"'
+    assert trace_format(json.dumps(line).encode() + b"\n" + inspector).kind == "nccl_inspector"
+
+
+def test_a_file_that_is_both_is_read_as_kineto_and_named_in_a_warning() -> None:
+    doc = load_json(shared_traces() / AFTER_FIX)
+    both = {"header": {"id": 1}, "coll_perf": {}, **doc}
+    fmt = trace_format(json.dumps(both).encode())
+    assert fmt.kind == "kineto" and fmt.warning is not None and "coll_perf" in fmt.warning
+
+
+def test_a_pretty_printed_resave_is_no_longer_refused_as_an_inspector_log(tmp_path: Path) -> None:
+    doc = load_json(shared_traces() / AFTER_FIX)
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(_resaved(doc), indent=2))
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps(_resaved(doc)))
+    for path in (pretty, compact):
+        con = store.connect(None)
+        r = ingest([str(path)], con, IngestOptions(jobs=1))
+        assert not r.errors and len(r.ingested) == 1
+        assert con.execute("SELECT kind, rank, n_events FROM trace_files").fetchall() == \
+            [("kineto", 0, len(doc["traceEvents"]))]
+
+
+def _write(path: Path, doc: dict[str, Any]) -> Path:
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
+
+
+def _shifted(doc: dict[str, Any], by_us: float, pid: int | None = None) -> dict[str, Any]:
+    """The same capture `by_us` later; with `pid`, as if another process (its CPU pid changed)."""
+    out = copy.deepcopy(doc)
+    host = max((e["pid"] for e in out["traceEvents"] if isinstance(e.get("pid"), int)), default=None)
+    for e in out["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] += by_us
+        if pid is not None and e.get("pid") == host:
+            e["pid"] = pid
+    return out
+
+
+def test_captures_of_one_process_are_its_windows_and_processes_are_ranks_by_pid(tmp_path: Path) -> None:
+    doc = load_json(shared_traces() / AFTER_FIX)
+    d = tmp_path / "run"
+    d.mkdir()
+    # Host b's process and host a's: a sorts first whatever the pids; then host a's three cycles.
+    _write(d / "b_7.1700000000000000000.pt.trace.json.gz", doc)
+    for i in range(3):
+        _write(d / f"a_900.17000000000000{i}0000.pt.trace.json.gz", _shifted(doc, 20e6 * (i + 1)))
+    con = store.connect(None)
+    ingest([str(d)], con, IngestOptions(jobs=1))
+    rows = con.execute("SELECT rank, capture_window, rank_source FROM trace_files ORDER BY rank, capture_window").fetchall()
+    assert rows == [(0, 0, "process"), (0, 1, "process"), (0, 2, "process"), (1, 0, "process")]
+    assert con.execute("SELECT DISTINCT f.rank = k.rank FROM kernels k JOIN trace_files f USING (file_id)").fetchall() \
+        == [(True,)]
+
+
+def test_unrelated_runs_in_one_folder_are_refused_naming_them(tmp_path: Path) -> None:
+    doc = load_json(shared_traces() / AFTER_FIX)
+    hours = tmp_path / "hours"
+    hours.mkdir()
+    _write(hours / "rank0.json.gz", doc)
+    _write(hours / "rank1.json.gz", _shifted(doc, 5 * 3600e6, pid=4321))   # another process, 5 h later
+    worlds = tmp_path / "worlds"
+    worlds.mkdir()
+    for rank, world in ((0, 8), (1, 16)):
+        _write(worlds / f"rank{rank}.json.gz", dict(doc, distributedInfo={"rank": rank, "world_size": world}))
+    for folder, says in ((hours, "run 2: 1 file(s): rank1.json.gz"), (worlds, "world size 16")):
+        r = run_diag("analyze", str(folder))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "2 unrelated runs" in r.stderr and "run 1: 1 file(s): rank0.json.gz" in r.stderr and says in r.stderr
+
+
+def _sglang_merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """sglang's profile_merger: pids become "[TPnn] <pid>", deviceProperties concatenated, the
+    first file's other keys (its distributedInfo among them) kept."""
+    merged: dict[str, Any] = {"traceEvents": [], "deviceProperties": []}
+    for rank, doc in enumerate(docs):
+        doc = copy.deepcopy(doc)
+        for e in doc["traceEvents"]:
+            e["pid"] = f"[TP{rank:02d}] {e['pid']}"
+        merged["traceEvents"] += doc.pop("traceEvents")
+        merged["deviceProperties"] += doc.pop("deviceProperties", [])
+        merged.update({k: v for k, v in doc.items() if k not in merged})
+    return merged
+
+
+def test_a_merged_gpu_file_is_split_into_the_timelines_of_its_ranks(tmp_path: Path) -> None:
+    files = sorted((shared_traces() / TWO_RANKS).glob("*.json.gz"))
+    docs = [load_json(f) for f in files]
+    assert [d["distributedInfo"]["rank"] for d in docs] == [0, 1]
+    merged = _write(tmp_path / "merged-123.trace.json.gz", _sglang_merge(docs))
+    _, apart = analyze_path(str(shared_traces() / TWO_RANKS), ingest_opts=IngestOptions(jobs=1), warn=False)
+    _, split = analyze_path(str(merged), ingest_opts=IngestOptions(jobs=1), warn=False)
+    assert split["ranks"] == apart["ranks"] == [0, 1]
+    assert split["steps"] == apart["steps"]
+    for rank, ledger in apart["ledger_by_rank"].items():
+        assert split["ledger_by_rank"][rank] == pytest.approx(ledger, abs=1e-9)
+    # In this process, and spilled from a worker process: the same rows, each event with its rank.
+    for jobs in (1, 2):
+        con = store.connect(None)
+        # A second file (an NCCL log) so that jobs=2 does start workers.
+        r = ingest([str(merged), str(NCCL_DATA / "inspector_node-017-pid1639453.json")], con, IngestOptions(jobs=jobs))
+        assert not r.errors and [p for p, _ in r.ingested][:2] == [str(merged)] * 2   # two file ids, one per rank
+        per_rank = con.execute("SELECT rank, n_events, rank_source FROM trace_files WHERE kind = 'kineto' "
+                               "ORDER BY rank").fetchall()
+        assert per_rank == [(i, len(d["traceEvents"]), "merged") for i, d in enumerate(docs)]
+
+
+def test_sglang_labels_with_several_kinds_of_parallelism_are_numbered_in_its_order() -> None:
+    events = [{"name": "process_name", "ph": "M", "pid": f"[{label}] {pid}", "tid": 0, "args": {"name": "python"}}
+              for label in ("TP01-DP01", "TP00-DP00", "TP00-DP01", "TP01-DP00") for pid in (4242, 0)]
+    m = rank_map(json.dumps({"traceEvents": events}).encode())
+    assert m is not None and m.ranks == [0, 1, 2, 3]
+    # (DP, TP) order: DP0 TP0, DP0 TP1, DP1 TP0, DP1 TP1.
+    assert [m.place(f"[{lb}] 0", None) for lb in ("TP00-DP00", "TP01-DP00", "TP00-DP01", "TP01-DP01")] == \
+        [(0, 0), (1, 0), (2, 0), (3, 0)]
+
+
+def test_one_rank_with_named_processes_is_not_a_merged_file() -> None:
+    events = [{"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": "Rank 0"}} for p in (77, 0, 1)]
+    assert rank_map(json.dumps({"traceEvents": events}).encode()) is None
+
+
+def test_rank_option_is_for_one_file(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="--rank"):
+        ingest([str(shared_traces() / TWO_RANKS)], store.connect(None), IngestOptions(rank=0, jobs=1))
