@@ -36,6 +36,7 @@ class Opened:
     con: duckdb.DuckDBPyConnection
     errors: list[BadInput] = field(default_factory=list)
     model_file: str | None = None      # model.toml found beside the traces
+    warnings: list[str] = field(default_factory=list)   # for the user whatever the command (ingest's `ambiguous`)
 
 
 def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOptions(),
@@ -51,7 +52,7 @@ def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOpt
     if result.errors and not (n and n[0]):
         raise result.errors[0]
     model = Path(path) / "model.toml" if Path(path).is_dir() else Path(path).parent / "model.toml"
-    return Opened(con, result.errors, str(model) if model.is_file() else None)
+    return Opened(con, result.errors, str(model) if model.is_file() else None, result.ambiguous)
 
 
 def _ingest_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -83,6 +84,8 @@ def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = Analyz
         if warn:
             for e in opened.errors:
                 print(f"diag: warning: {e.one_line()}; analyzing the other files", file=sys.stderr)
+            for w in opened.warnings:
+                print(f"diag: warning: {w}", file=sys.stderr)
         try:
             return analyze_opened(opened.con, opts, opened.model_file, len(opened.errors),
                                   executor=executor, spill_dir=ingest_opts.spill_dir)

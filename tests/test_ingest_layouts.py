@@ -69,11 +69,15 @@ def test_a_kineto_trace_is_told_by_its_structure_wherever_traceEvents_sits() -> 
     assert trace_format(json.dumps(line).encode() + b"\n" + inspector).kind == "nccl_inspector"
 
 
-def test_a_file_that_is_both_is_read_as_kineto_and_named_in_a_warning() -> None:
+def test_a_file_that_is_both_is_read_as_kineto_and_named_in_a_warning(tmp_path: Path) -> None:
     doc = load_json(shared_traces() / AFTER_FIX)
     both = {"header": {"id": 1}, "coll_perf": {}, **doc}
     fmt = trace_format(json.dumps(both).encode())
     assert fmt.kind == "kineto" and fmt.warning is not None and "coll_perf" in fmt.warning
+    path = tmp_path / "both.json"
+    path.write_text(json.dumps(both))
+    r = run_diag("analyze", str(path))
+    assert r.returncode == 0 and f"diag: warning: {path}: ambiguous format: " in r.stderr
 
 
 def test_a_pretty_printed_resave_is_no_longer_refused_as_an_inspector_log(tmp_path: Path) -> None:
@@ -122,6 +126,11 @@ def test_captures_of_one_process_are_its_windows_and_processes_are_ranks_by_pid(
     assert rows == [(0, 0, "process"), (0, 1, "process"), (0, 2, "process"), (1, 0, "process")]
     assert con.execute("SELECT DISTINCT f.rank = k.rank FROM kernels k JOIN trace_files f USING (file_id)").fetchall() \
         == [(True,)]
+    # The next cycle, ingested later (diag live): its process's rank, the next window.
+    later = _write(tmp_path / "a_900.1700000000000900000.pt.trace.json.gz", _shifted(doc, 90e6))
+    ingest([str(later)], con, IngestOptions(jobs=1))
+    assert con.execute("SELECT rank, capture_window FROM trace_files WHERE path = ?", [str(later)]).fetchall() == \
+        [(0, 3)]
 
 
 def test_unrelated_runs_in_one_folder_are_refused_naming_them(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from diag.ingest.kineto import (
 )
 from diag.ingest.merged import rank_map
 from diag.ingest.ranks import assign_by_process
-from diag.ingest.sniff import trace_format
+from diag.ingest.sniff import AMBIGUOUS, trace_format
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
 from diag.lifetime import run_dir
 
@@ -83,6 +83,7 @@ class IngestResult:
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[BadInput] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    ambiguous: list[str] = field(default_factory=list)   # files that fit two formats: shown by every command
 
 
 @dataclass(frozen=True)
@@ -324,10 +325,11 @@ def ingest(
                 else:
                     result.ingested.extend((path, f) for f in outcome[0])
                     result.warnings.extend(f"{path}: {w}" for w in outcome[1])
+                    result.ambiguous.extend(f"{path}: {w}" for w in outcome[1] if w.startswith(AMBIGUOUS))
     ingested = [f for _, f in result.ingested]
     if ingested:
         with store.transaction(con):
-            assign_by_process(con, [f for (f,) in con.execute(
+            result.warnings += assign_by_process(con, [f for (f,) in con.execute(
                 f"SELECT file_id FROM trace_files WHERE kind = 'kineto' AND rank IS NULL "
                 f"AND file_id IN ({', '.join(map(str, ingested))})").fetchall()])
     _number_windows(con)

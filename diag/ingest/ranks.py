@@ -32,49 +32,66 @@ _LISTED = 5
 
 
 @dataclass(frozen=True)
-class _Pending:
+class _Process:
     file_id: int
     path: str
     host: str
     pid: int | None
 
+    @property
+    def key(self) -> tuple[str, int, str]:
+        """Hostname, pid; a file whose pid is unknown is a process of its own."""
+        return (self.host, -1, self.path) if self.pid is None else (self.host, self.pid, "")
 
-def assign_by_process(con: duckdb.DuckDBPyConnection, file_ids: list[int]) -> None:
-    """Give each of these rank-less Kineto files the rank of its process (rank_source 'process')."""
+    def describe(self) -> str:
+        who = [f"host {self.host}"] if self.host else []
+        return " ".join(who + ([f"pid {self.pid}"] if self.pid is not None else [])) or "pid unknown"
+
+
+def assign_by_process(con: duckdb.DuckDBPyConnection, file_ids: list[int]) -> list[str]:
+    """Give each of these rank-less Kineto files the rank of its process (rank_source 'process'):
+    the rank an earlier file of that process holds (a live run's next cycle), else the next free one.
+    Returns one warning per file, `<path>: <what it was given>` (also kept with the file)."""
     if not file_ids:
-        return
+        return []
     ids = ", ".join(str(int(f)) for f in file_ids)
-    rows = con.execute(
-        f"""
-        SELECT f.file_id, f.path,
-               coalesce((SELECT mode(pid) FROM cpu_ops c WHERE c.file_id = f.file_id),
-                        (SELECT mode(pid) FROM runtime_calls r WHERE r.file_id = f.file_id))
-        FROM trace_files f WHERE f.file_id IN ({ids}) ORDER BY f.file_id
-        """
-    ).fetchall()
-    pending = []
-    for file_id, path, content_pid in rows:
-        name = name_parts(path)
-        pending.append(_Pending(file_id, path, name.host or "", name.pid if name.pid is not None else content_pid))
-    # A file whose pid is unknown is a process of its own.
-    processes = sorted({(p.host, p.pid if p.pid is not None else -1, "" if p.pid is not None else p.path)
-                        for p in pending})
+    pending = [p for p, _ in _processes(con, f"file_id IN ({ids})")]
+    known = {p.key: r for p, r in _processes(con, f"rank_source = 'process' AND file_id NOT IN ({ids})")}
     taken = {r for (r,) in con.execute("SELECT DISTINCT rank FROM trace_files WHERE kind = 'kineto' "
                                        f"AND rank IS NOT NULL AND file_id NOT IN ({ids})").fetchall()}
-    free = (r for r in range(len(taken) + len(processes)) if r not in taken)
-    rank_of = dict(zip(processes, free, strict=False))
-    with_rank: dict[int, int] = {}
+    new = sorted({p.key for p in pending} - known.keys())
+    free = (r for r in range(len(taken) + len(new)) if r not in taken)
+    rank_of = {**known, **dict(zip(new, free, strict=False))}
+    processes = len({p.key for p in pending} | known.keys())
+    how = "the only process" if processes == 1 else f"of {processes} processes numbered by hostname, then pid"
+    warnings = []
     for p in pending:
-        key = (p.host, p.pid if p.pid is not None else -1, "" if p.pid is not None else p.path)
-        with_rank[p.file_id] = rank_of[key]
-        who = " ".join(x for x in (f"host {p.host}" if p.host else "", f"pid {p.pid}" if p.pid is not None else "") if x)
-        how = ("the only process" if len(processes) == 1 else
-               f"of {len(processes)} processes numbered by hostname, then pid")
-        _add_warning(con, p.file_id, f"no rank in the trace or its name: rank {rank_of[key]}, {how} ({who or 'unknown'})")
-    cases = " ".join(f"WHEN {f} THEN {r}" for f, r in with_rank.items())
+        warning = f"no rank in the trace or its name: rank {rank_of[p.key]}, {how} ({p.describe()})"
+        _add_warning(con, p.file_id, warning)
+        warnings.append(f"{p.path}: {warning}")
+    cases = " ".join(f"WHEN {p.file_id} THEN {rank_of[p.key]}" for p in pending)
     for table in (*SCHEMAS, "trace_files"):
         con.execute(f"UPDATE {table} SET rank = CASE file_id {cases} END WHERE file_id IN ({ids})")
     con.execute(f"UPDATE trace_files SET rank_source = 'process' WHERE file_id IN ({ids})")
+    return warnings
+
+
+def _processes(con: duckdb.DuckDBPyConnection, where: str) -> list[tuple[_Process, int]]:
+    """The process and rank of each Kineto file matching `where`: hostname and pid from the name
+    tensorboard_trace_handler gives it, else the pid its CPU events (or runtime calls) carry."""
+    rows = con.execute(
+        f"""
+        SELECT f.file_id, f.path, f.rank,
+               coalesce((SELECT mode(pid) FROM cpu_ops c WHERE c.file_id = f.file_id),
+                        (SELECT mode(pid) FROM runtime_calls r WHERE r.file_id = f.file_id))
+        FROM trace_files f WHERE kind = 'kineto' AND {where} ORDER BY f.file_id
+        """
+    ).fetchall()
+    out = []
+    for file_id, path, rank, content_pid in rows:
+        name = name_parts(path)
+        out.append((_Process(file_id, path, name.host or "", name.pid if name.pid is not None else content_pid), rank))
+    return out
 
 
 def _add_warning(con: duckdb.DuckDBPyConnection, file_id: int, warning: str) -> None:
@@ -95,14 +112,12 @@ class _Capture:
 
 def check_one_run(con: duckdb.DuckDBPyConnection) -> None:
     """Refuse a store whose Kineto files are several unrelated runs, naming each."""
+    process = {p.file_id: p for p, _ in _processes(con, "TRUE")}
     captures = [
-        _Capture(path, world, device, first, last, (name_parts(path).host or "", pid) if pid is not None else None)
-        for path, world, device, first, last, pid in con.execute(
-            """
-            SELECT path, world_size, device_name, coalesce(first_ts_ns, 0), coalesce(last_ts_ns, 0),
-                   (SELECT mode(pid) FROM cpu_ops c WHERE c.file_id = f.file_id)
-            FROM trace_files f WHERE kind = 'kineto' ORDER BY first_ts_ns, file_id
-            """
+        _Capture(path, world, device, first, last, process[f].key[:2] if process[f].pid is not None else None)
+        for f, path, world, device, first, last in con.execute(
+            "SELECT file_id, path, world_size, device_name, coalesce(first_ts_ns, 0), coalesce(last_ts_ns, 0) "
+            "FROM trace_files WHERE kind = 'kineto' ORDER BY first_ts_ns, file_id"
         ).fetchall()
     ]
     runs = _runs(captures)

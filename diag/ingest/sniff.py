@@ -23,6 +23,8 @@ _TRACE_EVENTS = b'"traceEvents"'
 # Top-level keys that only an NCCL-side record carries (Inspector lines; Flight Recorder dumps).
 _NCCL_KEYS = frozenset({"header", "coll_perf", "entries", "comm_lib_version"})
 _top_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+# How a warning about a file that fits two formats begins: every command shows it (api.open_store).
+AMBIGUOUS = "ambiguous format: "
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def trace_format(data: Any) -> Format:
     if "traceEvents" not in top:
         return Format(nccl_kind)
     if top.keys() & _NCCL_KEYS:
-        return Format("kineto", f"holds both a traceEvents list and the {nccl_kind} keys "
+        return Format("kineto", f"{AMBIGUOUS}holds both a traceEvents list and the {nccl_kind} keys "
                                 f"{sorted(top.keys() & _NCCL_KEYS)}; read as a Kineto trace")
     return Format("kineto")
 

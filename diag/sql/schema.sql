@@ -17,7 +17,7 @@ CREATE TABLE IF NOT EXISTS trace_files (
     content_hash     VARCHAR NOT NULL UNIQUE, -- sha256 (hex) of the decompressed bytes: re-ingest adds 0 rows
     kind             VARCHAR NOT NULL,      -- 'kineto' | 'flight_recorder' | 'nccl_inspector' | 'nccl_profiler'
     rank             INTEGER,               -- global rank (NULL only for NCCL-side files that carry none)
-    rank_source      VARCHAR,               -- 'distributedInfo' | 'filename' | 'option' | 'content'
+    rank_source      VARCHAR,               -- 'distributedInfo' | 'filename' | 'option' | 'content' | 'process' (by hostname, pid) | 'merged' (one rank of a merged file)
     world_size       INTEGER,               -- distributedInfo.world_size (NULL when absent)
     capture_window   INTEGER,               -- 0,1,2.. per rank, in order of the window's first timestamp
     backend          VARCHAR,               -- distributedInfo.backend ('nccl', 'gloo', ...)
