@@ -149,6 +149,14 @@ def test_unrelated_runs_in_one_folder_are_refused_naming_them(tmp_path: Path) ->
         assert "2 unrelated runs" in r.stderr and "run 1: 1 file(s): rank0.json.gz" in r.stderr and says in r.stderr
 
 
+def test_one_process_captured_hours_apart_is_one_run(tmp_path: Path) -> None:
+    doc = load_json(shared_traces() / AFTER_FIX)
+    _write(tmp_path / "a.json.gz", doc)
+    _write(tmp_path / "b.json.gz", _shifted(doc, 5 * 3600e6))   # the same pid: a later profiler cycle
+    _, report = analyze_path(str(tmp_path), ingest_opts=IngestOptions(jobs=1), warn=False)
+    assert report["ranks"] == [0] and "1 rank(s) with 2 capture windows each" in " ".join(report["notes"])
+
+
 def _sglang_merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """sglang's profile_merger: pids become "[TPnn] <pid>", deviceProperties concatenated, the
     first file's other keys (its distributedInfo among them) kept."""

@@ -15,7 +15,7 @@ of different processes hours apart. Those are refused, not merged.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
@@ -102,6 +102,7 @@ def _add_warning(con: duckdb.DuckDBPyConnection, file_id: int, warning: str) -> 
 
 @dataclass(frozen=True)
 class _Capture:
+    file_id: int
     path: str
     world: int | None
     device: str | None
@@ -112,15 +113,21 @@ class _Capture:
 
 def check_one_run(con: duckdb.DuckDBPyConnection) -> None:
     """Refuse a store whose Kineto files are several unrelated runs, naming each."""
-    process = {p.file_id: p for p, _ in _processes(con, "TRUE")}
     captures = [
-        _Capture(path, world, device, first, last, process[f].key[:2] if process[f].pid is not None else None)
+        _Capture(f, path, world, device, first, last, None)
         for f, path, world, device, first, last in con.execute(
             "SELECT file_id, path, world_size, device_name, coalesce(first_ts_ns, 0), coalesce(last_ts_ns, 0) "
             "FROM trace_files WHERE kind = 'kineto' ORDER BY first_ts_ns, file_id"
         ).fetchall()
     ]
     runs = _runs(captures)
+    if len(runs) > 1:
+        # Only now does it matter who wrote each capture (a process's cycles hours apart are one
+        # run): its pid is a scan of the file's CPU events, too slow to make for every analysis.
+        process = {p.file_id: p for p, _ in _processes(con, "TRUE")}
+        captures = [replace(c, process=process[c.file_id].key[:2] if process[c.file_id].pid is not None else None)
+                    for c in captures]
+        runs = _runs(captures)
     if len(runs) > 1:
         listed = " | ".join(f"run {i + 1}: {_describe(r)}" for i, r in enumerate(runs[:_LISTED]))
         if len(runs) > _LISTED:
