@@ -1,8 +1,8 @@
 """`diag analyze PATH`, no flags, on traces laid out the way the world writes them.
 
 Real CPU captures made here with torch.profiler (a small MLP, a few steps): the default
-tensorboard_trace_handler names with no distributed init, a schedule with several cycles (one file
-per cycle), two processes without distributed init, with_stack=True; then a file merged from
+tensorboard_trace_handler names with no distributed init, a schedule with several cycles (one
+.json.gz file per cycle), two processes without distributed init, with_stack=True; then a file merged from
 two ranks the way merge tools write one, and a pretty-printed copy re-saved with "metadata" first.
 Each runs through the real CLI and must exit 0 with the ranks and windows the rules give
 (README "Ranks and captures").
@@ -31,13 +31,13 @@ CAPTURE = textwrap.dedent(
     import sys, torch
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-    out, cycles, stack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "stack"
+    out, cycles, stack, gz = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "stack", sys.argv[4] == "gzip"
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 64), torch.randn(32, 8)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=stack,
                  schedule=schedule(wait=1, warmup=1, active=2, repeat=cycles),
-                 on_trace_ready=tensorboard_trace_handler(out)) as prof:
+                 on_trace_ready=tensorboard_trace_handler(out, use_gzip=gz)) as prof:
         for _ in range(4 * cycles + 1):
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -47,15 +47,16 @@ CAPTURE = textwrap.dedent(
 )
 
 
-def _capture(out: Path, cycles: int = 1, stack: bool = False) -> subprocess.Popen[bytes]:
+def _capture(out: Path, cycles: int = 1, stack: bool = False, gz: bool = False) -> subprocess.Popen[bytes]:
     out.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-c", CAPTURE, str(out), str(cycles), "stack" if stack else "-"])
+    return subprocess.Popen([sys.executable, "-c", CAPTURE, str(out), str(cycles), "stack" if stack else "-",
+                             "gzip" if gz else "-"])
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("layouts")
-    runs = [_capture(root / "default"), _capture(root / "cycles", cycles=3), _capture(root / "stack", stack=True),
+    runs = [_capture(root / "default"), _capture(root / "cycles", cycles=3, gz=True), _capture(root / "stack", stack=True),
             _capture(root / "two"), _capture(root / "two")]
     for p in runs:
         assert p.wait(timeout=300) == 0
@@ -90,6 +91,7 @@ def test_default_names_without_distributed_init_are_rank_0(captured: Path) -> No
 def test_a_schedule_with_several_cycles_is_capture_windows_of_one_rank(captured: Path) -> None:
     files = sorted((captured / "cycles").iterdir())
     assert len(files) == 3 and len({f.name.split(".")[0] for f in files}) == 1   # one worker, three cycles
+    assert all(f.name.endswith(".pt.trace.json.gz") for f in files)
     report = _analyze(captured / "cycles")
     assert report["ranks"] == [0] and report["steps"] == 6
     assert any("3 capture windows" in n for n in report["notes"])
