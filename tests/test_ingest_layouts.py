@@ -46,6 +46,12 @@ NCCL_DATA = Path(__file__).parent / "data" / "nccl"
         ("rank_3.1733000000000000000.pt.trace.json", NameParts(3, None, None)),
         ("after_fix_trace.json", NameParts(None, None, None)),
         ("benchmark_result_2869224_1695835535_trace.json.gz", NameParts(None, None, None)),
+        # A number of 7 or more digits is a date, timestamp or pid, not a rank (world sizes < 10^6).
+        ("trace_20240101.json", NameParts(None, None, None)),
+        ("profile_1733000000.pt.trace.json.gz", NameParts(None, None, None)),
+        ("trace_rank_2024010112.json", NameParts(None, None, None)),
+        ("profile_999999.json", NameParts(999999, None, None)),
+        ("rank123456.json", NameParts(123456, None, None)),
     ],
 )
 def test_what_a_file_name_says(name: str, want: NameParts) -> None:

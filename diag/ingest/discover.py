@@ -16,12 +16,15 @@ _EXTENSIONLESS_DUMP = re.compile(r"(^|_)trace_rank_\d+$")
 # Files the tools beside diag write into a trace directory and that are never traces.
 _NOT_TRACES = frozenset({"truth.json", "expected.json"})
 
+# A rank in a name has at most 6 digits: world sizes reach the hundreds of thousands, not 10^6. A
+# longer number is a date (`trace_20240101.json`), a timestamp or a pid, never a rank.
+_RANK = r"(\d{1,6})"
 # `rank-3.json`, `rank_3.pt.trace.json.gz`, `rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz`,
 # `nccl_trace_rank_5`, `trace_rank3.json`; `worker3.<time_ns>.pt.trace.json` (a worker_name chosen
 # for tensorboard_trace_handler).
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)(?:[^0-9]|$)", re.IGNORECASE)
+_RANK_IN_NAME = re.compile(rf"(?:^|[^a-z])(?:rank|worker)[-_]?{_RANK}(?:[^0-9]|$)", re.IGNORECASE)
 # The weakest form, `profile_3.json`: a number after the last underscore, just before the extension.
-_NUMBER_BEFORE_SUFFIX = re.compile(r"_(\d+)\.(?:pt\.trace\.)?json(?:\.gz)?$")
+_NUMBER_BEFORE_SUFFIX = re.compile(rf"_{_RANK}\.(?:pt\.trace\.)?json(?:\.gz)?$")
 # torch.profiler.tensorboard_trace_handler writes `<worker_name>.<time.time_ns()>.pt.trace.json[.gz]`,
 # worker_name defaulting to `<hostname>_<pid>` (torch/profiler/profiler.py): that number is a pid,
 # never a rank. A hostname may hold dots and underscores; time_ns has 19 digits today.
@@ -81,7 +84,7 @@ def rank_from_name(path: str) -> int | None:
 
 def name_parts(path: str) -> NameParts:
     """The rank a file name carries (`rank3`, `rank-3`, `rank_3`, `worker3`, else `_3.` before the
-    extension), or the hostname and pid of tensorboard_trace_handler's default name."""
+    extension; at most 6 digits), or the hostname and pid of tensorboard_trace_handler's default name."""
     name = Path(path).name
     tb = _TENSORBOARD_NAME.match(name)
     if tb is None:
