@@ -24,6 +24,8 @@ from diag.ingest.discover import NameParts, name_parts
 from diag.ingest.merged import rank_map
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.ingest.sniff import trace_format
+from fixtures.generate import generate
+from fixtures.scenarios import Scenario
 
 AFTER_FIX = "kineto/docs/traces/after_fix_trace.json"
 TWO_RANKS = "HolisticTraceAnalysis/tests/data/trace_filter"   # sampled_rank-0/-1 of a 128-rank A100 job
@@ -197,6 +199,27 @@ def test_a_merged_gpu_file_is_split_into_the_timelines_of_its_ranks(tmp_path: Pa
         per_rank = con.execute("SELECT rank, n_events, rank_source FROM trace_files WHERE kind = 'kineto' "
                                "ORDER BY rank").fetchall()
         assert per_rank == [(i, len(d["traceEvents"]), "merged") for i, d in enumerate(docs)]
+
+
+def test_a_salvaged_merged_file_is_replaced_whole_by_its_complete_version(tmp_path: Path) -> None:
+    """Every rank split from a salvaged merged file goes when the whole file comes, not only the
+    last (they share its path): a rank left behind would clash with its own new window."""
+    generate(Scenario(name="merged", world_size=2, steps=2, layers=2), tmp_path / "src")
+    docs = [load_json(f) for f in sorted((tmp_path / "src").glob("rank-*.json"))]
+    whole = gzip.compress(json.dumps(_sglang_merge(docs)).encode())
+    f = tmp_path / "merged.pt.trace.json.gz"
+    f.write_bytes(whole[: len(whole) * 4 // 5])       # cut in rank 1's events, as a killed run leaves it
+    con = store.connect(None)
+    r = ingest([str(f)], con, IngestOptions(salvage=True, jobs=1))
+    rows = "SELECT rank, n_events, partial FROM trace_files ORDER BY rank"
+    assert not r.errors
+    rank0, (rank, n, partial) = con.execute(rows).fetchall()
+    assert rank0 == (0, len(docs[0]["traceEvents"]), True)
+    assert rank == 1 and partial and 0 < n < len(docs[1]["traceEvents"])
+    f.write_bytes(whole)
+    r = ingest([str(f)], con, IngestOptions(jobs=1))
+    assert not r.errors, r.errors
+    assert con.execute(rows).fetchall() == [(i, len(d["traceEvents"]), False) for i, d in enumerate(docs)]
 
 
 def test_sglang_labels_with_several_kinds_of_parallelism_are_numbered_in_its_order() -> None:
