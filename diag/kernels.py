@@ -6,7 +6,8 @@ Classes:
   helper kernels of those algorithms (split-K reductions, epilogues, Winograd/FFT transforms):
   their time is time spent doing model FLOPs.
 - `attention`: fused attention (FlashAttention, memory-efficient/xformers, cuDNN SDPA).
-- `comm`: collectives and point-to-point transfers (NCCL, RCCL, MSCCL, symmetric memory).
+- `comm`: collectives and point-to-point transfers (NCCL, RCCL, MSCCL, symmetric memory,
+  DeepEP expert-parallel all-to-all); `collective_of` says which (sendrecv: point-to-point).
 - `copy`: SM kernels that only move bytes (`copy_`/`.to()`/`.contiguous()`, `torch.cat`, layout
   transposes). They occupy SMs, so for the GPU-state sweep they are compute, not the `memcpy`
   state that copy-engine `Memcpy` events are; the class lets a rule name them.
@@ -19,6 +20,11 @@ parameter list, template arguments kept (`cutlass::Kernel<cutlass_80_tensorop_s1
 names its GEMM there), so a parameter type such as `cublasGemvParams` or `cudnn::reduced_divisor`
 cannot make an elementwise kernel look like a GEMM. The first matching pattern wins.
 
+The patterns are data: diag/data/kernels.toml, one row per kernel family with a real example
+name and its source (tests/test_kernels.py checks each). The same file says which dtype a GEMM's
+name implies (`gemm_dtype`: nvjet_qqtst is fp8, sm90_xmma_gemm_bf16bf16 bf16). A name no row
+matches is `other` and `unknown`: the report counts such kernels and lists the top ones.
+
 Memcpy/memset *events* are typed by ingest (`copies.kind`); `classify` also accepts their names
 ("Memcpy HtoD (Pageable -> Device)", "Memset (Device)") so one function covers every GPU event.
 """
@@ -26,9 +32,17 @@ Memcpy/memset *events* are typed by ingest (`copies.kind`); `classify` also acce
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 class KernelClass(str, Enum):
@@ -47,79 +61,45 @@ class KernelClass(str, Enum):
 
 @dataclass(frozen=True)
 class KernelPattern:
+    """One [[kernel]] row of data/kernels.toml."""
+
     kernel_class: KernelClass
     regex: re.Pattern[str]
-    emitted_by: str  # the library whose kernels this names
+    example: str  # a real kernel name this row names
+    source: str  # the library or trace the name comes from
+    collective: str | None = None  # what a communication kernel of this name runs, when fixed
 
 
-def _p(kernel_class: KernelClass, regex: str, emitted_by: str, flags: int = 0) -> KernelPattern:
-    return KernelPattern(kernel_class, re.compile(regex, flags), emitted_by)
+@dataclass(frozen=True)
+class DtypePattern:
+    """One [[gemm_dtype]] row of data/kernels.toml: the dtype a matmul kernel's name says."""
+
+    dtype: str
+    regex: re.Pattern[str]
+    example: str
+    source: str
 
 
-_I = re.IGNORECASE
-_G, _A, _C = KernelClass.GEMM, KernelClass.ATTENTION, KernelClass.COMM
+TABLE = "data/kernels.toml"
 
-# Ordered: the first match wins. Communication first (nothing else is named nccl*), then the
-# event names, then attention before GEMM (CUTLASS-based attention kernels contain `cutlass`).
-PATTERNS: tuple[KernelPattern, ...] = (
-    # NCCL: ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem) (2.x to 2.18) and
-    # ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>) (2.19+);
-    # RCCL (AMD) keeps NCCL's names; MSCCL: mscclKernel_*.
-    _p(_C, r"^(nccl|rccl|msccl)\w*Kernel", "NCCL / RCCL / MSCCL"),
-    _p(_C, r"\b(one_shot|two_shot|multimem)_all_(reduce|gather)", "PyTorch symmetric memory (c10d)"),
-    _p(_C, r"\bcross_device_reduce", "vLLM custom all-reduce"),
-    _p(_C, r"\bdeep_ep::", "DeepEP (MoE all-to-all over NVSHMEM)"),
-    # Copy-engine events as Kineto names them (NVIDIA and ROCm spellings).
-    _p(KernelClass.COPY, r"^(Memcpy|Copy(Host|Device)To)", "CUDA/HIP runtime memcpy event"),
-    _p(KernelClass.MEMSET, r"^(Memset|FillBuffer)", "CUDA/HIP runtime memset event"),
-    # Inductor names its pointwise/reduction kernels after the ops they fuse: triton_poi_fused_addmm_relu_0
-    # is a GEMM's epilogue, triton_poi_fused__scaled_dot_product_efficient_attention_0 a layout copy.
-    _p(KernelClass.OTHER, r"^triton_(poi|red|per)_", "Inductor pointwise / reduction kernels"),
-    # Attention.
-    _p(
-        _A,
-        r"flash_fwd|flash_bwd|flash::|flash_attn|FlashAttn",
-        "FlashAttention 2/3 (Dao-AILab, pytorch_flash)",
-    ),
-    _p(_A, r"fmha", "PyTorch mem-efficient / xformers (fmha_cutlassF/B), CK and TensorRT fMHA"),
-    _p(_A, r"sdpa", "cuDNN SDPA (cudnn_generated_fort_native_sdpa_*)"),
-    _p(
-        _A,
-        r"efficient_attention|attention_kernel|AttentionKernel|AttentionBackwardKernel",
-        "PyTorch mem-efficient attention",
-    ),
-    _p(_A, r"^triton_tem_\w*(flex_attention|attention)", "Inductor flex-attention template"),
-    _p(_A, r"^_attn_(fwd|bwd)", "Triton FlashAttention (ROCm, Triton tutorial)"),
-    # GEMM. `(?<!fb)` keeps FBGEMM's embedding kernels (fbgemm_gpu::...) out: the library's
-    # name is not a GEMM; its real GEMMs are CUTLASS kernels and match below.
-    _p(
-        _G,
-        r"(?<!fb)gemm|gemv",
-        "cuBLAS/cuBLASLt (ampere_sgemm_*, volta_h884gemm_*, gemmk1, gemmSN, gemv2T), CK",
-        _I,
-    ),
-    _p(_G, r"\bnvjet_", "cuBLAS Hopper/Blackwell (nvjet_tst_*, nvjet_hsh_*)"),
-    _p(_G, r"cutlass", "CUTLASS (cutlass::Kernel<...>, cutlass_cudnn_*)", _I),
-    _p(_G, r"\bsm\d+_xmma|xmma_gemm", "cuBLAS/cuDNN xmma kernels (sm80_xmma_*, sm90_xmma_*)"),
-    _p(_G, r"cublas|splitKreduce|^epilogue::impl::", "cuBLAS/cuBLASLt split-K reduction and epilogue"),
-    _p(_G, r"^Cijk_", "Tensile / hipBLASLt (rocBLAS, AMD)"),
-    _p(
-        _G, r"^triton_tem_\w*(mm|matmul|convolution)|(^|_)matmul_kernel", "Triton / Inductor matmul templates"
-    ),
-    _p(
-        _G,
-        r"[shi]\d*cudnn|winograd|^fft2d_(r2c|c2r)|(dgrad|wgrad)\w*(engine|alg)|reduce_wgrad|implicit_convolve|cask_cudnn",
-        "cuDNN convolution (scudnn, Winograd, FFT, dgrad/wgrad engines, cask offsets)",
-    ),
-    # Copies on SMs.
-    _p(
-        KernelClass.COPY,
-        r"direct_copy_kernel|CatArrayBatchedCopy|nchwToNhwc|nhwcToNchw",
-        "PyTorch copy_/cat, cuDNN layout transforms",
-    ),
-    # Fill kernels: zero_() and fill_() are memsets done by an SM kernel.
-    _p(KernelClass.MEMSET, r"FillFunctor", "PyTorch fill_/zero_"),
-)
+
+def _regex(row: dict[str, Any]) -> re.Pattern[str]:
+    return re.compile(row["pattern"], re.IGNORECASE if row.get("flags") == "i" else 0)
+
+
+def _load() -> tuple[tuple[KernelPattern, ...], tuple[DtypePattern, ...]]:
+    table = tomllib.loads(resources.files("diag").joinpath(TABLE).read_text(encoding="utf-8"))
+    kernels = tuple(
+        KernelPattern(KernelClass(r["class"]), _regex(r), r["example"], r["source"], r.get("collective"))
+        for r in table["kernel"]
+    )
+    dtypes = tuple(DtypePattern(r["dtype"], _regex(r), r["example"], r["source"]) for r in table["gemm_dtype"])
+    return kernels, dtypes
+
+
+# Ordered: the first match wins (communication first, then attention before GEMM: see the table).
+PATTERNS, DTYPE_PATTERNS = _load()
+_MATMUL = (KernelClass.GEMM, KernelClass.ATTENTION)
 
 
 def _head(name: str) -> str:
@@ -139,17 +119,28 @@ def _head(name: str) -> str:
 
 
 @lru_cache(maxsize=8192)
-def classify(name: str) -> KernelClass:
+def match(name: str) -> KernelPattern | None:
+    """The first row of the table that names this kernel, or None: an unknown name."""
     head = _head(name)
-    for pattern in PATTERNS:
-        if pattern.regex.search(head):
-            return pattern.kernel_class
-    return KernelClass.OTHER
+    return next((p for p in PATTERNS if p.regex.search(head)), None)
 
 
-# The collective a communication kernel runs, from its name.
-_NCCL_COLLECTIVE = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
-_SYMM_MEM_COLLECTIVE = re.compile(r"_all_(reduce|gather)")
+def classify(name: str) -> KernelClass:
+    pattern = match(name)
+    return KernelClass.OTHER if pattern is None else pattern.kernel_class
+
+
+@lru_cache(maxsize=8192)
+def gemm_dtype(name: str) -> str | None:
+    """The dtype a GEMM or attention kernel computes in, where its name says (hardware.toml keys)."""
+    if classify(name) not in _MATMUL:
+        return None
+    head = _head(name)
+    return next((p.dtype for p in DTYPE_PATTERNS if p.regex.search(head)), None)
+
+
+# The collective an NCCL/RCCL kernel runs, from its name (ncclDevKernel_AllReduce_..., ncclSymkDevKernel_...).
+_NCCL_COLLECTIVE = re.compile(r"^(?:nccl|rccl)(?:Symk)?(?:Dev)?Kernel_([A-Za-z]+)")
 _NCCL_COLLECTIVES = {
     "AllReduce": "allreduce",
     "AllGather": "allgather",
@@ -170,18 +161,11 @@ def collective_of(kernel_name: str) -> str | None:
     whatever collective it is handed (the CPU-side record_param_comms op names it).
     NCCL runs all-to-all, gather and scatter as grouped SendRecv, so their kernels say sendrecv.
     """
-    head = _head(kernel_name)
-    match = _NCCL_COLLECTIVE.match(head)
-    if match:
-        return _NCCL_COLLECTIVES.get(match.group(1))
-    if classify(kernel_name) is not KernelClass.COMM:
-        return None
-    if "cross_device_reduce" in head:
-        return "allreduce"
-    if "deep_ep::" in head:
-        return "alltoall"
-    symm = _SYMM_MEM_COLLECTIVE.search(head)
-    return f"all{symm.group(1)}" if symm else None
+    nccl = _NCCL_COLLECTIVE.match(_head(kernel_name))
+    if nccl:
+        return _NCCL_COLLECTIVES.get(nccl.group(1))
+    pattern = match(kernel_name)
+    return pattern.collective if pattern is not None and pattern.kernel_class is KernelClass.COMM else None
 
 
 # NCCL's algorithm and protocol names (src/device/generate.py: all_algos, all_protos).
@@ -205,3 +189,8 @@ def nccl_algo_proto(name: str) -> tuple[str | None, str | None]:
 def unclassified_report(names: list[str]) -> list[str]:
     """The distinct names among `names` that fall to `other`, sorted: what PATTERNS does not name."""
     return sorted({n for n in names if classify(n) is KernelClass.OTHER})
+
+
+def unknown(name: str) -> bool:
+    """No row of the table names this kernel (it counts as `other`, and the report lists it)."""
+    return match(name) is None

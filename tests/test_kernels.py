@@ -5,11 +5,23 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from diag.kernels import PATTERNS, KernelClass, classify, collective_of, nccl_algo_proto, unclassified_report
+from diag.kernels import (
+    DTYPE_PATTERNS,
+    PATTERNS,
+    KernelClass,
+    classify,
+    collective_of,
+    gemm_dtype,
+    match,
+    nccl_algo_proto,
+    unclassified_report,
+    unknown,
+)
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 TRACE_FILES = sorted(TRACES.rglob("*.json")) + sorted(TRACES.rglob("*.json.gz"))
@@ -43,9 +55,12 @@ def _kernel_names(path: Path) -> set[str]:
 def test_real_trace_kernels(path: Path) -> None:
     names = _kernel_names(path)
     others = unclassified_report(sorted(names))
-    print(f"\n{path.relative_to(TRACES)}: {len(names)} distinct kernels, {len(others)} fall to 'other'")
+    classes = Counter(str(classify(n)) for n in names)
+    unknowns = sorted(n for n in names if unknown(n))
+    print(f"\n{path.relative_to(TRACES)}: {len(names)} distinct kernels {dict(sorted(classes.items()))}, "
+          f"{len(others)} fall to 'other', {len(unknowns)} of them named by no row")
     for name in others:
-        print(f"    other: {name[:160]}")
+        print(f"    {'unknown' if unknown(name) else 'other'}: {name[:160]}")
     assert [n for n in others if MUST_BE_CLASSIFIED.search(n)] == []
     for name in names:
         if name.startswith("nccl"):
@@ -256,7 +271,80 @@ def test_collective_and_algorithm(
 
 def test_pattern_table_names_its_libraries() -> None:
     assert {p.kernel_class for p in PATTERNS} == set(KernelClass)
-    assert all(p.emitted_by for p in PATTERNS)
+    assert all(p.source and p.example for p in (*PATTERNS, *DTYPE_PATTERNS))
+
+
+@pytest.mark.parametrize("row", PATTERNS, ids=lambda p: p.regex.pattern[:40])
+def test_every_kernel_row_names_its_example(row: object) -> None:
+    """Each row's real example is matched by that row first (no row is shadowed by one above it)
+    and gets the row's class, and its collective where the row fixes one."""
+    assert match(row.example) is row, (row.example, match(row.example))  # type: ignore[attr-defined]
+    assert classify(row.example) is row.kernel_class  # type: ignore[attr-defined]
+    if row.collective is not None:  # type: ignore[attr-defined]
+        assert collective_of(row.example) == row.collective  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("row", DTYPE_PATTERNS, ids=lambda p: p.regex.pattern[:40])
+def test_every_dtype_row_names_its_example(row: object) -> None:
+    assert classify(row.example) in (KernelClass.GEMM, KernelClass.ATTENTION)  # type: ignore[attr-defined]
+    assert next(p for p in DTYPE_PATTERNS if p.regex.search(row.example)) is row  # type: ignore[attr-defined]
+    assert gemm_dtype(row.example) == row.dtype  # type: ignore[attr-defined]
+
+
+# Names misread before the table (issue 13), as real traces and profiler tables print them.
+@pytest.mark.parametrize(
+    ("name", "kernel_class", "dtype", "collective"),
+    [
+        ("Bmm_MxE4m3_MxE2m1MxE4m3_Fp32_bA32_bB32_bC32_t128x16x256u2_s3_et128x16_m128x16x32_cga1x1x1_16dp256b_rM_TN_"
+         "transOut_schedS_biasM_relu2_bN_tma_ldgstsSf_rgTma_clmp_dynB_sm100f", "gemm", "fp8", None),
+        ("bmm_E2m1_E2m1E2m1_Fp32_Ab16_Bb16_Cb16_t128x32x512u2_s4_et128x32_m128x32x64_c1x1x1_rM_TN_transOut_schPd2x1x2x3_"
+         "biasFp32M_bN_ldgsts_ldgstsSf_rgTma_clmp_swiGlu_dynB_sm100", "gemm", "fp4", None),
+        ("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c_outfmt_head::GemmKernel>"
+         "(dpsk::grouped_gemm::cuda::fp8_ptp128c_outfmt_head::GemmKernel::Params)", "gemm", "fp8", None),
+        ("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>"
+         "(dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel::Params)", "gemm", "fp8", None),
+        ("void dpsk::gemm::fp8_gemm_kernel<4096u, 7168u, 128u, 128u, 128u, 5u, 128u, 128u, 1u, (dpsk::gemm::GemmType)0>"
+         "(__nv_bfloat16*, float*, int*, unsigned int, unsigned int, CUtensorMap_st, CUtensorMap_st, CUtensorMap_st, "
+         "CUtensorMap_st)", "gemm", "fp8", None),
+        ("sm90_xmma_gemm_e4m3f32_e4m3f32_f32_tn_n_tilesize128x128x128", "gemm", "fp8", None),
+        ("sm90_xmma_gemm_bf16f32_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_"
+         "cublas", "gemm", "bf16", None),
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN", "gemm", "bf16", None),
+        ("nvjet_qqtst_112x128_128x7_2x1_v_bz_coopA_algo2_TNN", "gemm", "fp8", None),
+        ("nvjet_qqtst_128x256_128x6_2x2_2cta_h_bz_Avec32UE8M0_Bvec32UE8M0_TNT", "gemm", "fp8", None),
+        ("nvjet_sm90_hss_64x8_64x16_1x1_h_bz_splitK_NNT", "gemm", "fp16", None),
+        ("void dpsk::ep::internode::combine<false, 4, __nv_bfloat16>", "comm", None, "alltoall"),
+        ("void dpsk::ep::internode::dispatch<false, 8, true, 8>", "comm", None, "alltoall"),
+        ("void deep_ep::intranode::combine<__nv_bfloat16, 8, 768, 4096>(T1 *, float *)", "comm", None, "alltoall"),
+        ("void deep_ep::internode_ll::dispatch<false, 3, 7168>", "comm", None, "alltoall"),
+        ("void c10d::symmetric_memory::multimem_all_reduce_kernel<c10::BFloat16, 16, 4>"
+         "(c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+         "comm", None, "allreduce"),
+        ("ncclSymkDevKernel_AllReduce_AGxLLMC_R_sum_bf16", "comm", None, "allreduce"),
+        ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "comm", None, None),
+        ("Cijk_Alik_Bljk_F8BS_BH_Bias_HA_S_SAB_SAV_UserArgs_MT256", "gemm", "fp8", None),
+        ("Custom_Cijk_Alik_Bljk_F8B8BS_shortname1", "gemm", "fp8", None),
+        ("Cijk_Ailk_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT128x128x64_MI16x16x1_SN_LDSB1", "gemm", "bf16", None),
+        ("void ck::kernel_gemm_xdl_cshuffle_v3_multi_d<ck::GridwiseGemmMultiD_ABScale_xdl_cshuffle_v3>", "gemm", None, None),
+        ("ck_tile::FmhaFwdKernel<ck_tile::BlockFmhaPipelineQRKSVSAsync>", "attention", None, None),
+        ("sm80_xmma_dgrad_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize64x64x64_stage4_warpsize1x4x1_g8_"
+         "tensor16x8x16_execute_kernel__5x_cudnn", "gemm", "fp16", None),
+        ("sm80_xmma_wgrad_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x16_stage4_warpsize2x2x1_"
+         "g1_tensor16x8x8_execute_kernel_cudnn", "gemm", "tf32", None),
+        ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>", "gemm", None, None),
+        ("void cudnn::detail::wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>", "gemm", None, None),
+        ("volta_sgemm_128x64_nn", "gemm", "fp32", None),
+    ],
+)
+def test_issue_13_names(name: str, kernel_class: str, dtype: str | None, collective: str | None) -> None:
+    assert str(classify(name)) == kernel_class
+    assert gemm_dtype(name) == dtype
+    assert collective_of(name) == collective
+
+
+def test_dtype_only_for_matmul_kernels() -> None:
+    # An fp8 cast is not an fp8 GEMM: the dtype rows apply to gemm/attention kernels only.
+    assert gemm_dtype("void cuda::per_token_cast_to_fp8_with_channels<__nv_bfloat16, 128>(float*)") is None
 
 
 def test_unclassified_report_lists_distinct_others() -> None:
