@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,20 @@ class Peak:
     user_tflops: float | None     # --peak-tflops as given
     hbm_gbps: float | None
     nvlink_gbps: float | None
+    # dtype → share of matmul FLOPs; `tflops` is their effective peak (diag/dtype_mix.py)
+    dtype_mix: Mapping[str, float] = field(default_factory=dict)
+    bf16_tflops: float | None = None  # the part's bf16 dense peak, for mfu_bf16 when the mix is not all bf16
 
     @property
     def flops_per_s(self) -> float | None:
         return None if self.tflops is None else self.tflops * 1e12
+
+    def mfu_bf16(self, mfu: float | None) -> float | None:
+        """The same model FLOPs/s against the bf16 dense peak, for comparison with published
+        figures; None when the mix is all bf16 (it would repeat MFU) or either figure is unknown."""
+        if mfu is None or self.tflops is None or self.bf16_tflops is None or set(self.dtype_mix) <= {"bf16"}:
+            return None
+        return mfu * self.tflops / self.bf16_tflops
 
 
 @dataclass(frozen=True)

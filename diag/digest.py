@@ -9,18 +9,22 @@ grow with the number of ranks (issue 7), and live re-analysis re-maps only the f
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 import numpy as np
+import numpy.typing as npt
 
+from diag import kernels
 from diag.collectives import Call, calls_of
 from diag.states import StateRuns, StepStates, Waitable, exposed_comm_ns, rank_states
 from diag.timeline import MATMUL_CLASSES, RankTimeline, Steps
 
-# cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math.
+# cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math (gemm_shape.py,
+# MFU009; the dtype mix reads the same from data/kernels.toml [[gemm_dtype]]).
 TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm", re.IGNORECASE)
 
 
@@ -38,9 +42,12 @@ class RankDigest:
     states: list[StepStates]            # per step; wait_ns is filled by the reduce
     waitable: Waitable                  # where the reduce measures waits for the last rank
     exposed_ns: dict[int, int]          # communication kernel (activity index) → time with no compute beside it
-    gemm_dtype_flops: dict[str, float]  # dtype the GEMM ran in → FLOPs (picks the peak's dtype)
+    gemm_dtype_flops: dict[str, float]  # dtype the GEMM ran in → FLOPs (the dtype mix of the peak)
     matmul_ns: int                      # GEMM/attention kernel time ...
     matmul_with_flops_ns: int           # ... and the part of it whose op shapes gave FLOPs
+    matmul_name_dtype_ns: dict[str, int]  # GEMM/attention kernel time by the dtype its name says ("": none)
+    kernel_ns: int                      # all SM kernel time
+    unknown_kernel_ns: dict[str, int]   # kernel names no row of kernels.toml names → their time
     rules: dict[str, Any] = field(default_factory=dict)   # rule code → that rule's per-rank digest
 
 
@@ -58,24 +65,45 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
     digest = RankDigest(
         tl.file_id, tl.rank, tl.capture_window, tl.world_size, tl.device_props, tl.gpus_per_node,
         tl.host_timeline, tl.steps, calls, states, waitable, exposed_comm_ns(tl), _gemm_dtype_flops(tl),
-        int(dur.sum()), int(dur[tl.flops[matmul] > 0].sum()),
+        int(dur.sum()), int(dur[tl.flops[matmul] > 0].sum()), _time_by_name(tl, matmul, _name_dtype),
+        int((tl.end_ns - tl.ts_ns)[tl.kernel].sum()), _time_by_name(tl, tl.kernel, _unknown_name),
     )
     return digest, runs
 
 
+def _name_dtype(name: str) -> str | None:
+    return kernels.gemm_dtype(name) or ""
+
+
+def _unknown_name(name: str) -> str | None:
+    return name if kernels.unknown(name) else None
+
+
+def _time_by_name(tl: RankTimeline, which: npt.NDArray[np.bool_], key: Callable[[str], str | None]) -> dict[str, int]:
+    """Kernel time of the activities `which`, summed by key(name); a None key is left out."""
+    idx = np.nonzero(which)[0]
+    names = tl.acts.column("name").take(idx).to_pylist()
+    out: Counter[str] = Counter()
+    for name, ns in zip(names, (tl.end_ns[idx] - tl.ts_ns[idx]).tolist(), strict=True):
+        k = key(name or "")
+        if k is not None:
+            out[k] += int(ns)
+    return dict(out)
+
+
 def _gemm_dtype_flops(tl: RankTimeline) -> dict[str, float]:
-    """FLOPs by the dtype they ran in: fp32 tensors on TF32 tensor-core kernels count as tf32."""
+    """FLOPs by the dtype they ran in: the op's tensors' dtype, refined by the kernel's name where
+    the tensors cannot tell (fp32 tensors on TF32 tensor cores are tf32; fp8 held as uint8 has
+    no tensor dtype)."""
     weight: dict[str, float] = defaultdict(float)
-    tf32: dict[str, bool] = {}
     idx = np.nonzero(tl.flops > 0)[0]
     names = tl.acts.column("name").take(idx).to_pylist()
     for i, f, name in zip(idx.tolist(), tl.flops[idx].tolist(), names, strict=True):
         d = tl.dtype[i]
-        if d == "fp32":
-            name = name or ""
-            if name not in tf32:
-                tf32[name] = bool(TF32_KERNEL.search(name))
-            d = "tf32" if tf32[name] else d
+        if d in (None, "fp32"):
+            by_name = kernels.gemm_dtype(name or "")
+            if d is None or by_name == "tf32":
+                d = by_name
         if d:
             weight[d] += f
     return dict(weight)

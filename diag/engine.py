@@ -13,7 +13,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from diag import hardware, rank_map, store, tables
+from diag import dtype_mix, hardware, kernels, rank_map, store, tables
 from diag import model as model_mod
 from diag.analysis import Finding, Peak, RankContext, RunContext, StepContext
 from diag.clocks import clock_notes, clock_offsets
@@ -158,6 +158,9 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     run.notes.append(flops_source)
     run.notes.append(f"peak: {peak.source}")
     run.notes.extend(rank_notes(con))
+    unknown = _unknown_kernels_note(ranks)
+    if unknown:
+        run.notes.append(unknown)
     for r in ranks:
         if not r.steps.from_profiler_step:
             run.notes.append(f"rank {r.rank}: no ProfilerStep spans; one window for the whole capture")
@@ -198,6 +201,18 @@ def _take_out_waits(exposed: dict[tuple[int, int], int], ranks: list[RankDigest]
                 exposed[key] = max(exposed[key] - w, 0)
 
 
+def _unknown_kernels_note(ranks: list[RankDigest], top: int = 5) -> str | None:
+    """How much kernel time no row of data/kernels.toml names (counted as `other`), and the top names."""
+    unknown = dtype_mix.summed(r.unknown_kernel_ns for r in ranks)
+    total = sum(r.kernel_ns for r in ranks)
+    if not unknown or not total:
+        return None
+    ranked = sorted(unknown.items(), key=lambda x: -x[1])
+    names = "; ".join(f"{kernels.head(n)[:80]} {ns / total:.1%}" for n, ns in ranked[:top])
+    return (f"{len(unknown)} kernel names ({sum(unknown.values()) / total:.1%} of kernel time) match no pattern in "
+            f"diag/data/kernels.toml and count as non-matmul ('other'); top: {names}")
+
+
 HOST_NOTE = (
     "CPU-only trace (no GPU activity): the host timeline stands in for the GPU's — compute = inside "
     "aten ops, communication = inside gloo collectives, idle = neither; MFU is not reported against a GPU peak"
@@ -211,42 +226,49 @@ def _host_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
 
 
 def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
-    dtype = _gemm_dtype(ranks)
-    dtype_note = "" if dtype else " (GEMM dtype unknown: no shapes recorded; assumed bf16)"
-    dtype = dtype or "bf16"
+    part, how = _part(ranks, opts)
+    mix = dtype_mix.run_mix(ranks, part, _shape_coverage(ranks) >= MIN_SHAPE_COVERAGE)
+    dtype = mix.dominant
     user = opts.peak_tflops
-    part: hardware.Part | None = None
-    how = ""
-    if opts.gpu:
-        part = gpu_part(opts.gpu)
-        how = f"--gpu {opts.gpu}"
-    else:
-        for r in ranks:
-            if r.device_props:
-                ident = hardware.identify(r.device_props)
-                if ident:
-                    part, how = ident.part, ident.reason
-                    break
-    if part is not None and dtype_note and dtype not in part.dense_tflops:
-        dtype = "fp16"   # parts without bf16 (V100) train in fp16
-        dtype_note = " (GEMM dtype unknown: no shapes recorded; assumed fp16, this part has no bf16)"
-    if part is not None and dtype in part.dense_tflops:
-        dense = hardware.dense_peak_tflops(part, dtype)
-        src = f"{part.name} dense {dtype} {dense:g} TFLOP/s ({how}){dtype_note}"
-        if user is not None and not hardware.sparse_peak_matches(user, dtype=dtype) and abs(user - dense) > 1e-9:
-            dense, src = user, f"--peak-tflops {user:g} (the part's dense {dtype} figure is {src})"
-        return Peak(dense, part.key, part.name, dtype, src, user, part.hbm_gbps, part.nvlink_gbps)
+    if part is not None:
+        shares, left_out = mix.priced(part)
+        if shares:
+            dense = dtype_mix.effective_peak_tflops(part, shares)
+            src = f"{part.name} {dtype_mix.describe(part, shares)} ({how}; {mix.basis})"
+            if left_out:
+                src += f"; {', '.join(left_out)} left out: under {dtype_mix.NEGLIGIBLE_SHARE:.0%} of FLOPs, no peak on this part"
+            if user is not None and not hardware.sparse_peak_matches(user, dtype=dtype) and abs(user - dense) > 1e-9:
+                dense, src = user, f"--peak-tflops {user:g} (the part's figure is {src})"
+            return Peak(dense, part.key, part.name, dtype, src, user, part.hbm_gbps, part.nvlink_gbps,
+                        shares, part.dense_tflops.get("bf16"))
+        if user is None:
+            missing = ", ".join(f"{d} ({mix.shares[d]:.0%})" for d in left_out)
+            return Peak(None, part.key, part.name, dtype,
+                        f"{part.name} has no dense peak in its datasheet for {missing} of the matmul FLOPs "
+                        f"({how}; {mix.basis}): MFU unknown; pass --peak-tflops", None, part.hbm_gbps,
+                        part.nvlink_gbps, dict(mix.shares))
     if user is not None:
         sparse = hardware.sparse_peak_matches(user, dtype=dtype)
         tflops = user / 2 if sparse else user
         src = f"--peak-tflops {user:g}" + (" (a 'with sparsity' figure: halved to the dense peak)" if sparse else "")
         p = sparse[0][0] if sparse else None
-        return Peak(tflops, p.key if p else None, p.name if p else None, dtype, src + dtype_note, user,
-                    p.hbm_gbps if p else None, p.nvlink_gbps if p else None)
+        return Peak(tflops, p.key if p else None, p.name if p else None, dtype, f"{src} ({mix.basis})", user,
+                    p.hbm_gbps if p else None, p.nvlink_gbps if p else None, dict(mix.shares))
     name = next((r.device_props.get("name") for r in ranks if r.device_props), None)
     return Peak(None, None, name, dtype,
                 f"unknown part {name!r}: MFU unknown; pass --gpu or --peak-tflops" if name else
-                "no device properties in the trace: MFU unknown; pass --gpu or --peak-tflops", None, None, None)
+                "no device properties in the trace: MFU unknown; pass --gpu or --peak-tflops", None, None, None,
+                dict(mix.shares))
+
+
+def _part(ranks: list[RankDigest], opts: AnalyzeOptions) -> tuple[hardware.Part | None, str]:
+    """The part (from --gpu, else the first rank whose device properties identify one) and how."""
+    if opts.gpu:
+        return gpu_part(opts.gpu), f"--gpu {opts.gpu}"
+    for r in ranks:
+        if r.device_props and (ident := hardware.identify(r.device_props)):
+            return ident.part, ident.reason
+    return None, ""
 
 
 def _gemm_dtype(ranks: list[RankDigest]) -> str | None:

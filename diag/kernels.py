@@ -102,7 +102,7 @@ PATTERNS, DTYPE_PATTERNS = _load()
 _MATMUL = (KernelClass.GEMM, KernelClass.ATTENTION)
 
 
-def _head(name: str) -> str:
+def head(name: str) -> str:
     """`void ns::f<T, g(int)>(Args...)` -> `ns::f<T, g(int)>`: drop `void ` and the parameter list."""
     text = name.strip().replace("(anonymous namespace)", "anonymous_namespace")
     if text.startswith("void "):
@@ -121,8 +121,8 @@ def _head(name: str) -> str:
 @lru_cache(maxsize=8192)
 def match(name: str) -> KernelPattern | None:
     """The first row of the table that names this kernel, or None: an unknown name."""
-    head = _head(name)
-    return next((p for p in PATTERNS if p.regex.search(head)), None)
+    text = head(name)
+    return next((p for p in PATTERNS if p.regex.search(text)), None)
 
 
 def classify(name: str) -> KernelClass:
@@ -135,8 +135,8 @@ def gemm_dtype(name: str) -> str | None:
     """The dtype a GEMM or attention kernel computes in, where its name says (hardware.toml keys)."""
     if classify(name) not in _MATMUL:
         return None
-    head = _head(name)
-    return next((p.dtype for p in DTYPE_PATTERNS if p.regex.search(head)), None)
+    text = head(name)
+    return next((p.dtype for p in DTYPE_PATTERNS if p.regex.search(text)), None)
 
 
 # The collective an NCCL/RCCL kernel runs, from its name (ncclDevKernel_AllReduce_..., ncclSymkDevKernel_...).
@@ -161,7 +161,7 @@ def collective_of(kernel_name: str) -> str | None:
     whatever collective it is handed (the CPU-side record_param_comms op names it).
     NCCL runs all-to-all, gather and scatter as grouped SendRecv, so their kernels say sendrecv.
     """
-    nccl = _NCCL_COLLECTIVE.match(_head(kernel_name))
+    nccl = _NCCL_COLLECTIVE.match(head(kernel_name))
     if nccl:
         return _NCCL_COLLECTIVES.get(nccl.group(1))
     pattern = match(kernel_name)
@@ -182,7 +182,7 @@ def nccl_algo_proto(name: str) -> tuple[str | None, str | None]:
     and runs every other algorithm/protocol through them, so an NVLS or LL128 all-reduce still
     shows `..._RING_LL`. NCCL_DEBUG=INFO or the NCCL profiler plugin says what really ran.
     """
-    match = _ALGO_PROTO.search(_head(name))
+    match = _ALGO_PROTO.search(head(name))
     return (match.group(1), match.group(2)) if match else (None, None)
 
 

@@ -35,9 +35,10 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "steps": len(by_step),
         "timeline": "host" if any(r.host_timeline for r in run.ranks) else "gpu",
         "device": {"name": run.peak.part_name, "part": run.peak.part_key, "peak_tflops": run.peak.tflops,
-                   "dtype": run.peak.dtype, "peak_source": run.peak.source},
+                   "dtype": run.peak.dtype, "dtype_mix": dict(run.peak.dtype_mix), "peak_source": run.peak.source},
         "step_time_s": statistics.median(windows) if windows else None,
         "mfu": run.mfu,
+        "mfu_bf16": run.peak.mfu_bf16(run.mfu),
         "hfu": run.hfu,
         "ledger": _mean([lg.fractions() for lg in lgs]),
         "ledger_by_rank": {str(r): _mean(v) for r, v in sorted(by_rank.items())},
@@ -88,7 +89,14 @@ def _pct(x: float | None) -> str:
 
 def _header(r: dict[str, Any]) -> list[str]:
     d = r["device"]
-    peak = "unknown peak" if d["peak_tflops"] is None else f"dense {d['dtype']} peak {d['peak_tflops']:g} TFLOP/s"
+    mix = d.get("dtype_mix") or {}
+    if d["peak_tflops"] is None:
+        peak = "unknown peak"
+    elif len(mix) > 1:
+        shares = ", ".join(f"{dt} {s:.0%}" for dt, s in mix.items())
+        peak = f"effective peak {d['peak_tflops']:.4g} TFLOP/s (matmul FLOPs {shares})"
+    else:
+        peak = f"dense {d['dtype']} peak {d['peak_tflops']:g} TFLOP/s"
     if r.get("timeline") == "host":
         peak = "CPU-only run: host timeline in place of the GPU's, no MFU"
     st = r["step_time_s"]
@@ -96,9 +104,13 @@ def _header(r: dict[str, Any]) -> list[str]:
     ranks = f"{traced} ranks" if traced == r["world_size"] else f"{traced} of {r['world_size']} ranks traced"
     return [
         f"{ranks} × {r['steps']} steps · {d['name'] or 'unknown GPU'} · {peak}",
-        f"step time {st * 1e3:.2f} ms (median)   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}" if st is not None
+        f"step time {st * 1e3:.2f} ms (median)   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}{_bf16(r)}" if st is not None
         else "no steps",
     ]
+
+
+def _bf16(r: dict[str, Any]) -> str:
+    return "" if r.get("mfu_bf16") is None else f"   (MFU {_pct(r['mfu_bf16'])} against the bf16 peak)"
 
 
 def _waterfall(r: dict[str, Any]) -> list[tuple[str, float]]:

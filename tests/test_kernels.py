@@ -13,7 +13,9 @@ import pytest
 from diag.kernels import (
     DTYPE_PATTERNS,
     PATTERNS,
+    DtypePattern,
     KernelClass,
+    KernelPattern,
     classify,
     collective_of,
     gemm_dtype,
@@ -271,24 +273,25 @@ def test_collective_and_algorithm(
 
 def test_pattern_table_names_its_libraries() -> None:
     assert {p.kernel_class for p in PATTERNS} == set(KernelClass)
-    assert all(p.source and p.example for p in (*PATTERNS, *DTYPE_PATTERNS))
+    assert all(p.source and p.example for p in PATTERNS)
+    assert all(p.source and p.example for p in DTYPE_PATTERNS)
 
 
 @pytest.mark.parametrize("row", PATTERNS, ids=lambda p: p.regex.pattern[:40])
-def test_every_kernel_row_names_its_example(row: object) -> None:
+def test_every_kernel_row_names_its_example(row: KernelPattern) -> None:
     """Each row's real example is matched by that row first (no row is shadowed by one above it)
     and gets the row's class, and its collective where the row fixes one."""
-    assert match(row.example) is row, (row.example, match(row.example))  # type: ignore[attr-defined]
-    assert classify(row.example) is row.kernel_class  # type: ignore[attr-defined]
-    if row.collective is not None:  # type: ignore[attr-defined]
-        assert collective_of(row.example) == row.collective  # type: ignore[attr-defined]
+    assert match(row.example) is row, (row.example, match(row.example))
+    assert classify(row.example) is row.kernel_class
+    if row.collective is not None:
+        assert collective_of(row.example) == row.collective
 
 
 @pytest.mark.parametrize("row", DTYPE_PATTERNS, ids=lambda p: p.regex.pattern[:40])
-def test_every_dtype_row_names_its_example(row: object) -> None:
-    assert classify(row.example) in (KernelClass.GEMM, KernelClass.ATTENTION)  # type: ignore[attr-defined]
-    assert next(p for p in DTYPE_PATTERNS if p.regex.search(row.example)) is row  # type: ignore[attr-defined]
-    assert gemm_dtype(row.example) == row.dtype  # type: ignore[attr-defined]
+def test_every_dtype_row_names_its_example(row: DtypePattern) -> None:
+    assert classify(row.example) in (KernelClass.GEMM, KernelClass.ATTENTION)
+    assert next(p for p in DTYPE_PATTERNS if p.regex.search(row.example)) is row
+    assert gemm_dtype(row.example) == row.dtype
 
 
 # Names misread before the table (issue 13), as real traces and profiler tables print them.
