@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_diag
 
 from diag import dtype_mix, hardware
-from tests.helpers import run_diag
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85045379072, "numSms": 132,
         "computeMajor": 9, "computeMinor": 0}
