@@ -8,6 +8,7 @@ expected peak is worked out by hand from the H100 SXM datasheet (bf16 989, fp8 1
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ FP8_KERNEL = "nvjet_qqtst_128x256_128x6_2x1_2cta_v_bz_TNT"
 BF16_KERNEL = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN"
 
 
-def _trace(gemms: list[tuple[str, str | None, int, int, int, int]], device: dict[str, Any] | None = H100) -> dict[str, Any]:
+def _trace(gemms: Sequence[tuple[str, str | None, int, int, int, int]], device: dict[str, Any] | None = H100) -> dict[str, Any]:
     """One step of GEMMs (op name, input type or None for no shapes, kernel index, m, k, n), one
     after another on the GPU: each op at 10+100i µs on the CPU launches its kernel, which runs 50 µs."""
     kernels = [FP8_KERNEL, BF16_KERNEL]
