@@ -1,5 +1,6 @@
 """Peak FLOP/s, memory and link figures by GPU part, and identifying the part from a trace.
 
+The table is data: diag/data/parts.toml, one row per part with its datasheet.
 Every figure is the vendor datasheet's, cited beside it. Datasheets print tensor-core peaks
 "with sparsity" (2:4 structured sparsity, Ampere and later) and footnote that dense is half;
 MFU is always against the *dense* figure, so this table stores dense peaks and derives the
@@ -13,10 +14,17 @@ Units: TFLOP/s (TOP/s for int8), GB/s (10^9 bytes/s), GiB of device memory (the 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from types import MappingProxyType
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 # Tensor-core dtypes whose datasheet figure doubles with 2:4 structured sparsity.
 SPARSE_DTYPES = frozenset({"bf16", "fp16", "fp8", "fp4", "tf32", "int8"})
@@ -32,216 +40,24 @@ class Part:
     nvlink_gbps: float  # NVLink bandwidth per GPU, one direction (datasheets quote both directions)
     dense_tflops: Mapping[str, float] = field(hash=False)  # dtype -> dense peak
     source: str  # the datasheet the figures come from
+    name_pattern: re.Pattern[str]  # searched in deviceProperties.name
+    example: str  # a deviceProperties.name the driver reports for this part
     has_sparsity: bool = True  # 2:4 structured sparsity (Ampere and later)
 
 
-def _part(
-    key: str,
-    name: str,
-    *,
-    sms: int,
-    mem_gib: int,
-    hbm_gbps: float,
-    nvlink_gbps: float,
-    dense_tflops: dict[str, float],
-    source: str,
-    has_sparsity: bool = True,
-) -> Part:
-    return Part(
-        key=key,
-        name=name,
-        sms=sms,
-        mem_gib=mem_gib,
-        hbm_gbps=hbm_gbps,
-        nvlink_gbps=nvlink_gbps,
-        dense_tflops=MappingProxyType(dense_tflops),
-        source=source,
-        has_sparsity=has_sparsity,
+def _load() -> tuple[Part, ...]:
+    text = resources.files("diag").joinpath(TABLE).read_text(encoding="utf-8")
+    return tuple(
+        Part(key=r["key"], name=r["name"], sms=r["sms"], mem_gib=r["mem_gib"], hbm_gbps=float(r["hbm_gbps"]),
+             nvlink_gbps=float(r["nvlink_gbps"]), dense_tflops=MappingProxyType(dict(r["dense_tflops"])),
+             source=r["source"], has_sparsity=r.get("has_sparsity", True),
+             name_pattern=re.compile(r["name_pattern"], re.IGNORECASE), example=r["example"])
+        for r in tomllib.loads(text)["part"]
     )
 
 
-_H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (SXM / PCIe / NVL columns)"
-_H200_DATASHEET = "NVIDIA H200 Tensor Core GPU datasheet (SXM / NVL columns)"
-_A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (40GB / 80GB, SXM / PCIe)"
-
-# Hopper SXM compute (H100 SXM, H200, H800, GH200 share the GH100 die at the SXM clocks).
-# Datasheet, with sparsity: TF32 989, BF16/FP16 1,979, FP8/INT8 3,958; FP32 67; FP64 TC 67.
-# Dense = half: DESIGN.md fixes bf16/fp16 989, fp8 1979, tf32 495.
-_HOPPER_SXM = {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "int8": 1979.0, "tf32": 495.0, "fp32": 67.0}
-
-# Hopper at NVL (PCIe card, 350-400 W) clocks. With sparsity: TF32 835, BF16/FP16 1,671,
-# FP8/INT8 3,341; FP32 60; FP64 TC 60. Dense halves: DESIGN.md fixes H100 NVL bf16 835.
-_HOPPER_NVL = {
-    "bf16": 835.0,
-    "fp16": 835.0,
-    "fp8": 1671.0,
-    "int8": 1671.0,
-    "tf32": 417.5,
-    "fp32": 60.0,
-    "fp64": 60.0,
-}
-
-# Ampere A100 (SXM and PCIe, 40 and 80 GB: same clocks). Datasheet dense | sparse:
-# TF32 156 | 312, BF16/FP16 312 | 624, INT8 624 | 1,248 TOPS; FP32 19.5; FP64 TC 19.5. No FP8.
-_AMPERE_A100 = {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0, "fp32": 19.5, "fp64": 19.5}
-
-_PART_LIST = (
-    _part(
-        "h100-sxm",
-        "H100 SXM",
-        sms=132,
-        mem_gib=80,
-        hbm_gbps=3350,  # HBM3 3.35 TB/s
-        nvlink_gbps=450,  # NVLink 4: 900 GB/s bidirectional
-        dense_tflops={**_HOPPER_SXM, "fp64": 67.0},
-        source=_H100_DATASHEET + ", H100 SXM",
-    ),
-    _part(
-        "h100-pcie",
-        "H100 PCIe",
-        sms=114,
-        mem_gib=80,
-        hbm_gbps=2000,  # HBM2e 2 TB/s
-        nvlink_gbps=300,  # NVLink bridge between a pair: 600 GB/s bidirectional
-        # With sparsity: TF32 756, BF16/FP16 1,513, FP8/INT8 3,026; FP32 51; FP64 TC 51.
-        # DESIGN.md fixes bf16 756.
-        dense_tflops={
-            "bf16": 756.0,
-            "fp16": 756.0,
-            "fp8": 1513.0,
-            "int8": 1513.0,
-            "tf32": 378.0,
-            "fp32": 51.0,
-            "fp64": 51.0,
-        },
-        source=_H100_DATASHEET + ", H100 PCIe",
-    ),
-    _part(
-        "h100-nvl",
-        "H100 NVL",
-        sms=132,
-        mem_gib=94,
-        hbm_gbps=3900,  # HBM3 3.9 TB/s
-        nvlink_gbps=300,  # NVLink bridge between a pair: 600 GB/s bidirectional
-        dense_tflops=_HOPPER_NVL,
-        source=_H100_DATASHEET + ", H100 NVL",
-    ),
-    _part(
-        "h200",
-        "H200 SXM",
-        sms=132,
-        mem_gib=141,
-        hbm_gbps=4800,  # HBM3e 4.8 TB/s
-        nvlink_gbps=450,  # 900 GB/s bidirectional
-        dense_tflops={**_HOPPER_SXM, "fp64": 67.0},  # same compute as H100 SXM
-        source=_H200_DATASHEET + ", H200 SXM",
-    ),
-    _part(
-        "h200-nvl",
-        "H200 NVL",
-        sms=132,
-        mem_gib=141,
-        hbm_gbps=4800,
-        nvlink_gbps=450,  # 2- or 4-way NVLink bridge, 900 GB/s bidirectional
-        dense_tflops=_HOPPER_NVL,  # same figures as H100 NVL
-        source=_H200_DATASHEET + ", H200 NVL",
-    ),
-    _part(
-        "h800",
-        "H800 SXM",
-        sms=132,
-        mem_gib=80,
-        hbm_gbps=3350,
-        nvlink_gbps=200,  # export variant: NVLink cut to 400 GB/s bidirectional
-        # Same tensor/FP32 figures as H100 SXM; FP64 is cut on this variant, so none is listed.
-        dense_tflops=_HOPPER_SXM,
-        source="NVIDIA H800 Tensor Core GPU datasheet, H800 SXM",
-    ),
-    _part(
-        "gh200",
-        "GH200 (96 GB HBM3)",
-        sms=132,
-        mem_gib=96,
-        hbm_gbps=4000,  # HBM3 4 TB/s
-        nvlink_gbps=450,
-        dense_tflops={**_HOPPER_SXM, "fp64": 67.0},  # the H100 SXM GPU, with Grace
-        source="NVIDIA GH200 Grace Hopper Superchip datasheet, 96GB HBM3",
-    ),
-    _part(
-        "gh200-144gb",
-        "GH200 (144 GB HBM3e)",
-        sms=132,
-        mem_gib=144,
-        hbm_gbps=4900,  # HBM3e 4.9 TB/s
-        nvlink_gbps=450,
-        dense_tflops={**_HOPPER_SXM, "fp64": 67.0},
-        source="NVIDIA GH200 Grace Hopper Superchip datasheet, 144GB HBM3e",
-    ),
-    _part(
-        "a100-40gb",
-        "A100 40GB",
-        sms=108,
-        mem_gib=40,
-        hbm_gbps=1555,  # HBM2 1,555 GB/s (SXM and PCIe)
-        nvlink_gbps=300,  # NVLink 3: 600 GB/s bidirectional
-        dense_tflops=_AMPERE_A100,
-        source=_A100_DATASHEET + ", A100 40GB",
-    ),
-    _part(
-        "a100-80gb",
-        "A100 80GB SXM",
-        sms=108,
-        mem_gib=80,
-        hbm_gbps=2039,  # HBM2e 2,039 GB/s
-        nvlink_gbps=300,
-        dense_tflops=_AMPERE_A100,
-        source=_A100_DATASHEET + ", A100 80GB SXM",
-    ),
-    _part(
-        "a100-80gb-pcie",
-        "A100 80GB PCIe",
-        sms=108,
-        mem_gib=80,
-        hbm_gbps=1935,  # HBM2e 1,935 GB/s
-        nvlink_gbps=300,  # NVLink bridge between a pair: 600 GB/s bidirectional
-        dense_tflops=_AMPERE_A100,
-        source=_A100_DATASHEET + ", A100 80GB PCIe",
-    ),
-    _part(
-        "b200",
-        "B200",
-        sms=148,
-        mem_gib=180,  # HGX/DGX B200: 1,440 GB for 8 GPUs
-        hbm_gbps=8000,  # HBM3e 8 TB/s
-        nvlink_gbps=900,  # NVLink 5: 1.8 TB/s bidirectional
-        # HGX B200 (1,000 W), dense | sparse: TF32 1,100 | 2,200, BF16/FP16 2,250 | 4,500,
-        # FP8/INT8 4,500 | 9,000, FP4 9,000 | 18,000; FP32 80; FP64 40.
-        dense_tflops={
-            "bf16": 2250.0,
-            "fp16": 2250.0,
-            "fp8": 4500.0,
-            "fp4": 9000.0,
-            "int8": 4500.0,
-            "tf32": 1100.0,
-            "fp32": 80.0,
-            "fp64": 40.0,
-        },
-        source="NVIDIA Blackwell architecture technical brief / HGX B200 datasheet (1,000 W)",
-    ),
-    _part(
-        "v100",
-        "V100 SXM2",
-        sms=80,
-        mem_gib=32,  # 16 GB and 32 GB variants share every other figure
-        hbm_gbps=900,  # HBM2 900 GB/s
-        nvlink_gbps=150,  # NVLink 2: 300 GB/s bidirectional
-        # Tensor cores are FP16 only (125 TFLOP/s); no bf16, tf32, fp8 or sparsity.
-        dense_tflops={"fp16": 125.0, "fp32": 15.7, "fp64": 7.8},
-        source="NVIDIA Tesla V100 GPU datasheet, V100 SXM2",
-        has_sparsity=False,
-    ),
-)
-
+TABLE = "data/parts.toml"
+_PART_LIST = _load()
 _BY_KEY = {p.key: p for p in _PART_LIST}
 
 # Every CLI name. `a100` is an alias: the 80 GB SXM part most training clusters run.
@@ -304,24 +120,6 @@ class Identification:
     reason: str  # which deviceProperties matched, in one line
 
 
-# deviceProperties `name` patterns per part (case-insensitive). A name may match several parts
-# ("NVIDIA H100" fits SXM and NVL); numSms, then memory, must leave exactly one.
-_NAME_PATTERNS: Mapping[str, str] = {
-    "h100-sxm": r"\bH100\b(?!.*(PCIe|NVL))",  # "NVIDIA H100 80GB HBM3"
-    "h100-pcie": r"\bH100\b(?!.*(NVL|HBM3))",  # "NVIDIA H100 PCIe" (HBM2e); 114 SMs tells it from SXM
-    "h100-nvl": r"\bH100\b(?!.*(PCIe|80GB))",  # "NVIDIA H100 NVL", or "NVIDIA H100" with 94 GB
-    "h200": r"\bH200\b(?!.*NVL)",  # "NVIDIA H200"
-    "h200-nvl": r"\bH200\b.*NVL",  # "NVIDIA H200 NVL"
-    "h800": r"\bH800\b(?!.*PCIe)",  # "NVIDIA H800"; the PCIe card (114 SMs) is not listed
-    "gh200": r"\bGH200\b",  # "NVIDIA GH200 480GB": memory tells 96 from 144 GB
-    "gh200-144gb": r"\bGH200\b",
-    "a100-40gb": r"\bA100\b(?!.*80GB)",  # "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PG509-200" (40 GB)
-    "a100-80gb": r"\bA100\b(?!.*(40GB|PCIe))",  # "NVIDIA A100-SXM4-80GB"
-    "a100-80gb-pcie": r"\bA100\b.*(80GB.*PCIe|PCIe.*80GB)",  # "NVIDIA A100 80GB PCIe"
-    "b200": r"\bB200\b",  # "NVIDIA B200"; GB200 (1,200 W, other peaks) is not listed
-    "v100": r"\bV100\b.*SXM",  # "Tesla V100-SXM2-32GB"; the PCIe card (112 TFLOP/s) is not listed
-}
-
 # Reported totalGlobalMem sits within a few percent of the nominal size (80 GB -> 79.2 GiB,
 # 94 GB -> 95.1 GiB); 10% separates every pair of sizes that share a name and an SM count.
 _MEM_TOLERANCE = 0.10
@@ -336,7 +134,7 @@ def identify(device_props: Mapping[str, Any]) -> Identification | None:
     name = device_props.get("name")
     if not isinstance(name, str):
         return None
-    candidates = [_BY_KEY[k] for k, pat in _NAME_PATTERNS.items() if re.search(pat, name, re.IGNORECASE)]
+    candidates = [p for p in _PART_LIST if p.name_pattern.search(name)]
     evidence = [f"name {name!r}"]
 
     sms = device_props.get("numSms")

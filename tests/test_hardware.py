@@ -91,7 +91,7 @@ def test_every_cli_name_is_a_part_with_a_cited_source() -> None:
     } <= set(PARTS)
     for key, part in PARTS.items():
         assert part.key == key or key == "a100"  # the one alias
-        assert "datasheet" in part.source or "brief" in part.source
+        assert "datasheet" in part.source or "brief" in part.source or "whitepaper" in part.source
         assert part.dense_tflops and all(v > 0 for v in part.dense_tflops.values())
 
 
@@ -173,6 +173,27 @@ def test_ridge_point() -> None:
         ({"name": "NVIDIA A100 80GB PCIe", "numSms": 108, "totalGlobalMem": 85097971712}, "a100-80gb-pcie"),
         ({"name": "NVIDIA A100-SXM4-40GB", "numSms": 108, "totalGlobalMem": 42505273344}, "a100-40gb"),
         ({"name": "NVIDIA B200", "numSms": 148, "totalGlobalMem": 191476826112}, "b200"),
+        # Parts added for issue 13: every V100 variant, Ampere/Ada inference parts, H20, GB200, AMD.
+        ({"name": "Tesla V100-PCIE-32GB", "numSms": 80, "totalGlobalMem": 34089730048}, "v100-pcie"),
+        ({"name": "Tesla V100-PCIE-16GB", "numSms": 80, "totalGlobalMem": 16945512448}, "v100-pcie"),
+        ({"name": "Tesla V100S-PCIE-32GB", "numSms": 80, "totalGlobalMem": 34089730048}, "v100s-pcie"),
+        ({"name": "Tesla V100-DGXS-32GB", "numSms": 80, "totalGlobalMem": 34089730048}, "v100-dgxs"),
+        ({"name": "NVIDIA A100-PCIE-40GB", "numSms": 108, "totalGlobalMem": 42505273344}, "a100-40gb"),
+        ({"name": "NVIDIA A10", "numSms": 72, "totalGlobalMem": 23836033024}, "a10"),
+        ({"name": "NVIDIA L4", "numSms": 58, "totalGlobalMem": 23580639232}, "l4"),
+        ({"name": "NVIDIA L40S", "numSms": 142, "totalGlobalMem": 47697362944}, "l40s"),
+        ({"name": "NVIDIA H20", "numSms": 78, "totalGlobalMem": 102005473280}, "h20"),
+        ({"name": "NVIDIA GB200", "numSms": 152, "totalGlobalMem": 199495335936}, "gb200"),
+        ({"name": "AMD Instinct MI300X", "numSms": 304, "totalGlobalMem": 206141652992}, "mi300x"),
+        ({"name": "AMD Radeon Graphics", "numSms": 304, "totalGlobalMem": 206141652992}, "mi300x"),
+        ({"name": "AMD Radeon Graphics", "numSms": 304, "totalGlobalMem": 274877906944}, "mi325x"),
+        ({"name": "AMD Instinct MI355X", "numSms": 256, "totalGlobalMem": 309237645312}, "mi355x"),
+        ({"name": "AMD Radeon Graphics", "numSms": 110, "totalGlobalMem": 68702699520}, "mi250x"),
+        # Real deviceProperties from ../shared/traces: the HTA MI250 capture, the param RTX 2080 Ti
+        # captures and the HTA Quadro GP100 capture.
+        ({"name": "AMD Radeon Graphics", "numSms": 104, "totalGlobalMem": 68702699520}, "mi250"),
+        ({"name": "NVIDIA GeForce RTX 2080 Ti", "numSms": 68, "totalGlobalMem": 11554586624}, "rtx-2080-ti"),
+        ({"name": "Quadro GP100", "numSms": 56, "totalGlobalMem": 17069309952}, "quadro-gp100"),
         # The name alone when it is unambiguous.
         ({"name": "NVIDIA H100 80GB HBM3"}, "h100-sxm"),
     ],
@@ -186,15 +207,16 @@ def test_identify(props: dict[str, Any], key: str) -> None:
 @pytest.mark.parametrize(
     "props",
     [
-        {"name": "AMD Radeon Graphics", "numSms": 104, "totalGlobalMem": 68702699520},
-        {"name": "Quadro GP100", "numSms": 56, "totalGlobalMem": 17069309952},
+        {"name": "AMD Radeon Graphics", "numSms": 228, "totalGlobalMem": 137438953472},  # MI300A: not listed
+        {"name": "AMD Radeon Graphics", "numSms": 304},  # MI300X or MI325X: memory must say
+        {"name": "NVIDIA A10G", "numSms": 80},  # the AWS part: other peaks than the A10
+        {"name": "Tesla V100-SXM3-32GB", "numSms": 80},  # DGX-2's V100 at higher clocks: not listed
         {"name": "NVIDIA H100"},  # SXM, PCIe or NVL: nothing says which
         {"name": "NVIDIA H100", "numSms": 132},  # SXM or NVL
         {"name": "NVIDIA H100", "numSms": 100, "totalGlobalMem": 85031714816},  # no such variant
         {"name": "NVIDIA H100 PCIe", "numSms": 132},  # contradicts itself
         {"name": "NVIDIA H800 PCIe", "numSms": 114},  # not listed: no borrowing H100 PCIe's figures
-        {"name": "NVIDIA GB200", "numSms": 152},  # a B200 at 1,200 W: other peaks
-        {"name": "Tesla V100-PCIE-32GB", "numSms": 80},  # 112 TFLOP/s, not the SXM2's 125
+        {"name": "NVIDIA GB200", "numSms": 148},  # a GB200 reports 152 SMs, not the B200's 148
         {"name": "NVIDIA GH200", "numSms": 132, "totalGlobalMem": 120e9},  # neither 96 nor 144 GB
         {"numSms": 132},
         {"name": None},
@@ -218,8 +240,10 @@ def test_identify_never_falls_back(props: dict[str, Any]) -> None:
             "HolisticTraceAnalysis/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
             "v100",
         ),
-        ("HolisticTraceAnalysis/tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", None),
-        ("HolisticTraceAnalysis/tests/data/with_gpu_user_annotation/step_based_trace_2543932.json.gz", None),
+        ("HolisticTraceAnalysis/tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", "mi250"),
+        ("HolisticTraceAnalysis/tests/data/with_gpu_user_annotation/step_based_trace_2543932.json.gz", "quadro-gp100"),
+        ("HolisticTraceAnalysis/tests/data/trace_diff/test/test.json.gz", "v100"),
+        ("param/et_replay/tests/inputs/resnet_kineto.json.gz", "rtx-2080-ti"),
     ],
 )
 def test_identify_real_traces(relpath: str, key: str | None) -> None:
@@ -234,6 +258,27 @@ def test_identify_real_traces(relpath: str, key: str | None) -> None:
     props = json.JSONDecoder().raw_decode(head, start)[0][0]
     found = identify(props)
     assert (found.part if found else None) is (PARTS[key] if key else None)
+
+
+@pytest.mark.parametrize("part", sorted(set(PARTS.values()), key=lambda p: p.key), ids=lambda p: p.key)
+def test_every_part_row_is_identified_from_its_example(part: hardware.Part) -> None:
+    """Each row's example name, with its SM count and memory, identifies that row and no other."""
+    found = identify({"name": part.example, "numSms": part.sms, "totalGlobalMem": part.mem_gib * 2**30 * 0.97})
+    assert found is not None and found.part is part
+    assert part.source and part.dense_tflops
+    assert all(v > 0 for v in part.dense_tflops.values())
+
+
+def test_dense_peaks_of_the_added_parts() -> None:
+    # Datasheet figures, dense (sparse / 2 where the sheet prints "with sparsity").
+    assert dense_peak_tflops(part_by_key("l40s"), "fp8") == 733.0       # 1,466 with sparsity / 2
+    assert dense_peak_tflops(part_by_key("l4"), "bf16") == 121.0        # 242 with sparsity / 2
+    assert dense_peak_tflops(part_by_key("gb200"), "fp4") == 10000.0    # 1,440 PF / 72 GPUs / 2
+    assert dense_peak_tflops(part_by_key("mi300x"), "bf16") == 1307.4
+    assert dense_peak_tflops(part_by_key("mi355x"), "fp4") == 10066.4
+    assert dense_peak_tflops(part_by_key("v100-pcie"), "fp16") == 112.0
+    assert dense_peak_tflops(part_by_key("rtx-2080-ti"), "fp16") == 53.8  # FP32 accumulate
+    assert "bf16" not in part_by_key("v100").dense_tflops
 
 
 @pytest.mark.parametrize(
