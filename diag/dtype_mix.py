@@ -14,7 +14,7 @@ Where the shares come from, best first:
    name where the tensors cannot tell (fp32 tensors on TF32 kernels) — when shapes cover most
    GEMM/attention kernel time;
 2. kernel names (data/kernels.toml [[gemm_dtype]]): GEMM/attention kernel time by the dtype its
-   name says; a name that says none counts as the default dtype below. Time is turned into
+   name says; kernels whose names say none are taken to run in the same mix. Time is turned into
    FLOPs as time_d × peak_d, i.e. every dtype's kernels at the same fraction of their peak,
    which makes peak_eff the time-weighted mean of the peaks;
 3. nothing: the default, bf16 (fp16 on parts without bf16, V100).
@@ -87,19 +87,23 @@ def run_mix(ranks: list[RankDigest], part: hardware.Part | None, shapes_trusted:
     named = summed(r.matmul_name_dtype_ns for r in ranks)
     if flops and shapes_trusted:
         return DtypeMix(_normalized(flops), "matmul FLOPs by dtype from op shapes")
-    if any(d for d in named):
-        by_time: dict[str, float] = defaultdict(float)
-        for d, ns in named.items():
-            by_time[d or default] += ns
+    by_time = {d: float(ns) for d, ns in named.items() if d}
+    if by_time:
         peak = {d: part.dense_tflops.get(d, 0.0) if part is not None else 1.0 for d in by_time}
         if part is not None and all(peak.values()):
             weights = {d: t * peak[d] for d, t in by_time.items()}
         else:
             weights = dict(by_time)   # no peaks to weigh by: the shares are of kernel time
-        return DtypeMix(_normalized(weights), f"GEMM kernel names (no usable shapes; names that say no dtype: {default})")
+        return DtypeMix(_normalized(weights), "GEMM kernel names (no usable shapes; kernels whose names say no "
+                        f"dtype, {_share(named)} of GEMM time, are taken to run in the same mix)")
     if flops:
         return DtypeMix(_normalized(flops), "matmul FLOPs by dtype from the op shapes recorded")
     return DtypeMix({default: 1.0}, f"GEMM dtype unknown: no shapes recorded and no kernel name says; assumed {default}")
+
+
+def _share(named: Mapping[str, float]) -> str:
+    total = sum(named.values())
+    return f"{named.get('', 0) / total:.0%}" if total else "0%"
 
 
 def describe(part: hardware.Part, shares: Mapping[str, float]) -> str:

@@ -260,7 +260,10 @@ def test_identify_real_traces(relpath: str, key: str | None) -> None:
     assert (found.part if found else None) is (PARTS[key] if key else None)
 
 
-@pytest.mark.parametrize("part", sorted(set(PARTS.values()), key=lambda p: p.key), ids=lambda p: p.key)
+_ROWS = sorted(set(PARTS.values()), key=lambda p: p.key)
+
+
+@pytest.mark.parametrize("part", _ROWS, ids=[p.key for p in _ROWS])
 def test_every_part_row_is_identified_from_its_example(part: hardware.Part) -> None:
     """Each row's example name, with its SM count and memory, identifies that row and no other."""
     found = identify({"name": part.example, "numSms": part.sms, "totalGlobalMem": part.mem_gib * 2**30 * 0.97})
