@@ -7,7 +7,9 @@ Conventions are torch.utils.flop_counter's (torch 2.13), so a trace and FlopCoun
   discount for a causal mask; backward is five, 2*B*H*L*S*(3E + 2Ev) = 2.5x forward
   (it recomputes QK^T, then dP, dV, dQ, dK);
 - a convolution is 2*N*Cout*(Cin/groups)*prod(kernel)*prod(output spatial) (input spatial for a
-  transposed one); its backward is that again for each gradient asked for (output_mask).
+  transposed one); its backward is that again for each gradient asked for (output_mask). The
+  output size comes from stride/padding/dilation in `Concrete Inputs`, else from the matching
+  backward op's grad_output (timeline.py pairs them by autograd sequence number).
 
 Two deliberate differences, both where flop_counter is wrong: `_flash_attention_*` and
 `_efficient_attention_*` take (B, L, H, E) tensors, which flop_counter reads as (B, H, L, E);
@@ -66,6 +68,7 @@ class _Args:
     dims: Sequence[Any]
     types: Sequence[Any]
     concrete: Sequence[Any]
+    output: Sequence[Any] | None = None  # a forward convolution's output shape, from its backward
 
     def shape(self, i: int) -> Shape | None:
         if i >= len(self.dims):
@@ -303,6 +306,15 @@ def _conv_out_spatial(args: _Args, layout: _ConvLayout, x: Shape, w: Shape) -> S
     return out if all(o > 0 for o in out) else None
 
 
+def _recorded_out_spatial(args: _Args, x: Shape, w: Shape) -> Shape | None:
+    """Output spatial dims from the output shape the caller found (the matching backward op's
+    grad_output), when it fits the input and weight: (N, Cout, *spatial)."""
+    out = args.output
+    if not isinstance(out, list) or len(out) != len(x) or not all(type(d) is int and d > 0 for d in out):
+        return None
+    return tuple(out[2:]) if out[0] == x[0] and out[1] == w[0] else None
+
+
 def _conv_macs(x: Shape, w: Shape, conv_spatial: Shape) -> int:
     """Multiply-adds: batch x spatial positions x kernel x w[0] x w[1] (w[1] is per group)."""
     return x[0] * math.prod(conv_spatial) * math.prod(w[2:]) * w[0] * w[1]
@@ -325,7 +337,7 @@ def _conv(args: _Args, layout: _ConvLayout) -> OpFlops | None:
     if transposed:
         # flop_counter: a transposed convolution visits every *input* position.
         return OpFlops(2.0 * _conv_macs(x, w, x[2:]), "conv", None, args.dtype(0), None)
-    out_spatial = _conv_out_spatial(args, layout, x, w)
+    out_spatial = _conv_out_spatial(args, layout, x, w) or _recorded_out_spatial(args, x, w)
     if out_spatial is None:
         return None
     out = (x[0], w[0], *out_spatial)
@@ -432,6 +444,11 @@ _CONV_LAYOUTS = {
 }
 _HANDLERS.update({name: partial(_conv, layout=layout) for name, layout in _CONV_LAYOUTS.items()})
 
+# Forward convolutions, whose output size needs stride/padding/dilation (or the backward's grad_output).
+CONV_FORWARD_OPS: frozenset[str] = frozenset(
+    f"aten::{name}" for name, layout in _CONV_LAYOUTS.items() if layout.transposed is not True
+)
+
 # Every op op_flops knows (their in-place variants, aten::addmm_ ..., count too).
 SUPPORTED_OPS: frozenset[str] = frozenset(f"aten::{name}" for name in _HANDLERS)
 
@@ -441,10 +458,13 @@ def op_flops(
     input_dims: list[Any] | None,
     input_types: list[Any] | None = None,
     concrete_inputs: list[Any] | None = None,
+    output_dims: list[Any] | None = None,
 ) -> OpFlops | None:
     """FLOPs of one recorded op, or None if it is not a matmul, attention or convolution op, or
     its arguments are missing or malformed. `concrete_inputs` (args["Concrete Inputs"]) is needed
-    only for a forward convolution's stride, padding and dilation."""
+    only for a forward convolution's stride, padding and dilation; without them (traces before
+    torch 2.1 record none), `output_dims`, the output shape the matching backward op's
+    grad_output gives, stands in for them."""
     if not isinstance(name, str) or not isinstance(input_dims, list):
         return None
     bare = name.removeprefix("aten::")
@@ -456,5 +476,6 @@ def op_flops(
         dims=input_dims,
         types=input_types if isinstance(input_types, list) else [],
         concrete=concrete_inputs if isinstance(concrete_inputs, list) else [],
+        output=output_dims,
     )
     return handler(args)

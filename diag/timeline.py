@@ -363,7 +363,7 @@ _HOST_MARKS = """
 _CPU_OPS = """
     SELECT coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, cat, fwd_tid, external_id,
            input_dims::VARCHAR AS dims, input_types::VARCHAR AS types, trace_flops,
-           CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete
+           CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete, seq_num AS seq
     FROM cpu_ops WHERE file_id = ? ORDER BY coalesce(tid, -1), ts_ns, dur_ns DESC
 """
 
@@ -391,9 +391,11 @@ def _kernel_shapes(
     other = (op_idx >= 0) & (kclass == _OTHER)
     used = distinct(op_idx[matmul | other])
     if len(used):
+        ops = ops.append_column("conv_out", _conv_outputs(ops))
         sig, one = _signatures(ops, used)
-        rep = {c: ops.column(c).take(used[one]).to_pylist() for c in ("name", "dims", "types", "concrete")}
-        shapes = [_shape_flops(*r) for r in zip(rep["name"], rep["dims"], rep["types"], rep["concrete"], strict=True)]
+        rep = {c: ops.column(c).take(used[one]).to_pylist() for c in ("name", "dims", "types", "concrete", "conv_out")}
+        shapes = [_shape_flops(*r) for r in zip(rep["name"], rep["dims"], rep["types"], rep["concrete"],
+                                                 rep["conv_out"], strict=True)]
         group = np.searchsorted(used, op_idx)   # each activity's op among `used` (where it has one)
 
         a = np.nonzero(matmul)[0]
@@ -433,7 +435,7 @@ def _signatures(ops: pa.Table, rows: I64) -> tuple[I64, I64]:
     """For ops `rows`: each one's index among the distinct (name, input dims, input types,
     concrete inputs) they have, and a position in `rows` of one op of each."""
     sig = np.zeros(len(rows), np.int64)
-    for c in ("name", "dims", "types", "concrete"):
+    for c in ("name", "dims", "types", "concrete", "conv_out"):
         codes = ops.column(c).take(rows).combine_chunks().dictionary_encode(null_encoding="encode").indices
         code = np.asarray(codes, np.int64)
         # Both below len(rows): the product stays far inside int64.
@@ -444,10 +446,57 @@ def _signatures(ops: pa.Table, rows: I64) -> tuple[I64, I64]:
     return sig, one
 
 
-def _shape_flops(name: str | None, dims: str | None, types: str | None, concrete: str | None) -> flops_mod.OpFlops | None:
+def _shape_flops(name: str | None, dims: str | None, types: str | None, concrete: str | None,
+                 conv_out: str | None) -> flops_mod.OpFlops | None:
     if dims is None or (name or "").removesuffix("_") not in flops_mod.SUPPORTED_OPS:
         return None
-    return _op_flops(name or "", dims, types, concrete)
+    return _op_flops(name or "", dims, types, concrete, conv_out)
+
+
+# How far back, among ops that carry a sequence number, to look for the one enclosing an op: the
+# autograd node or the outer forward op sits right before it (conv2d > convolution > cudnn_convolution).
+_SEQ_LOOKBACK = 16
+
+
+def _conv_outputs(ops: pa.Table) -> pa.Array:
+    """Per op, for a forward convolution with shapes but no `Concrete Inputs` (torch before 2.1):
+    its output shape as JSON text, from the grad_output of the aten::convolution_backward whose
+    autograd node has the same sequence number as the forward op around it; else null."""
+    name, concrete, dims = ops.column("name"), ops.column("concrete"), ops.column("dims")
+    fwd = np.asarray(pc.is_in(name, pa.array(sorted(flops_mod.CONV_FORWARD_OPS))).fill_null(False), bool)
+    fwd &= ~_valid(concrete) & _valid(dims)
+    bwd = np.asarray(pc.equal(name, "aten::convolution_backward").fill_null(False), bool) & _valid(dims)
+    out: list[str | None] = [None] * ops.num_rows
+    if not fwd.any() or not bwd.any():
+        return pa.array(out, pa.string())
+    seq_of = _enclosing_seq(ops, np.nonzero(fwd | bwd)[0])
+    grad_out: dict[int, str] = {}
+    for i in np.nonzero(bwd)[0].tolist():
+        parsed = json.loads(dims[i].as_py())
+        if i in seq_of and isinstance(parsed, list) and parsed:
+            grad_out.setdefault(seq_of[i], json.dumps(parsed[0]))
+    for i in np.nonzero(fwd)[0].tolist():
+        out[i] = grad_out.get(seq_of.get(i, -1))
+    return pa.array(out, pa.string())
+
+
+def _enclosing_seq(ops: pa.Table, rows: I64) -> dict[int, int]:
+    """For ops `rows`: the sequence number of the innermost op on the same thread that encloses
+    each (itself included) and carries one. Ops are ordered (tid, ts, longest first), so an op's
+    ancestors come before it."""
+    tid, ts, end = (_ints(ops.column(k)) for k in ("tid", "ts", "end"))
+    seq = _ints(ops.column("seq"))
+    carriers = np.nonzero(_valid(ops.column("seq")))[0]
+    found: dict[int, int] = {}
+    for i, p in zip(rows.tolist(), (np.searchsorted(carriers, rows, side="right") - 1).tolist(), strict=True):
+        for j in range(p, max(p - _SEQ_LOOKBACK, -1), -1):
+            c = carriers[j]
+            if tid[c] != tid[i]:
+                break
+            if ts[c] <= ts[i] and end[c] >= end[i]:
+                found[i] = int(seq[c])
+                break
+    return found
 
 
 def _steps(rows: RankRows, ts: I64, end: I64) -> tuple[Steps, I64]:
@@ -488,15 +537,17 @@ _ELEM_BYTES = {
 
 
 @functools.lru_cache(maxsize=65536)
-def _op_flops(name: str, dims_text: str, types_text: str | None, concrete_text: str | None) -> flops_mod.OpFlops | None:
+def _op_flops(name: str, dims_text: str, types_text: str | None, concrete_text: str | None,
+              out_text: str | None = None) -> flops_mod.OpFlops | None:
     # Cached: a step repeats the same few shapes thousands of times.
     try:
         dims = json.loads(dims_text)
         types = json.loads(types_text) if types_text else None
         concrete = json.loads(concrete_text) if concrete_text else None
+        output = json.loads(out_text) if out_text else None
     except (TypeError, ValueError):
         return None
-    return flops_mod.op_flops(name, dims, types, concrete)
+    return flops_mod.op_flops(name, dims, types, concrete, output)
 
 
 @functools.lru_cache(maxsize=65536)

@@ -1,0 +1,83 @@
+"""Convolution FLOPs (issue 13 class 8), derived by hand: from stride/padding/dilation where the
+trace records them (Concrete Inputs), else from the output size the matching backward op gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from diag import store
+from diag.flops import CONV_FORWARD_OPS, op_flops
+from diag.ingest.pipeline import IngestOptions, ingest
+from diag.timeline import _conv_outputs, rank_files, read_rank
+
+# A cuDNN forward convolution as a CUDA trace records it: aten::cudnn_convolution(self, weight,
+# padding, stride, dilation, groups, benchmark, deterministic, allow_tf32).
+CUDNN_DIMS = [[32, 64, 56, 56], [128, 64, 3, 3], [], [], [], [], [], [], []]
+CUDNN_TYPES = ["c10::Half", "c10::Half", "ScalarList", "ScalarList", "ScalarList", "Int", "Scalar", "Scalar", "Scalar"]
+CUDNN_CONCRETE = ["", "", "[1, 1]", "[2, 2]", "[1, 1]", "1", "False", "False", "True"]
+
+
+def test_cudnn_convolution_by_hand() -> None:
+    # Hout = Wout = floor((56 + 2·1 − 1·(3−1) − 1) / 2) + 1 = 28;
+    # FLOPs = 2 · N · Cout · Hout · Wout · (Cin/groups) · kh · kw = 2 · 32 · 128 · 28 · 28 · 64 · 3 · 3.
+    op = op_flops("aten::cudnn_convolution", CUDNN_DIMS, CUDNN_TYPES, CUDNN_CONCRETE)
+    assert op is not None and op.kind == "conv" and op.dtype == "fp16"
+    assert op.flops == 2 * 32 * 128 * 28 * 28 * 64 * 3 * 3 == 3_699_376_128
+
+
+def test_grouped_convolution_by_hand() -> None:
+    # Depthwise-style, groups 4: weight (Cout 8, Cin/groups 2, 3, 3); padding 1, stride 1 keep 10×10.
+    concrete = ["", "", "[1, 1]", "[1, 1]", "[1, 1]", "4", "False", "False", "True"]
+    op = op_flops("aten::cudnn_convolution", [[2, 8, 10, 10], [8, 2, 3, 3]], ["float", "float"], concrete)
+    assert op is not None and op.flops == 2 * 2 * 8 * 10 * 10 * 2 * 3 * 3
+
+
+def test_without_concrete_inputs_the_output_comes_from_the_given_shape() -> None:
+    dims = CUDNN_DIMS[:2]
+    assert op_flops("aten::cudnn_convolution", dims, CUDNN_TYPES) is None   # stride unknown
+    op = op_flops("aten::cudnn_convolution", dims, CUDNN_TYPES, None, [32, 128, 28, 28])
+    assert op is not None and op.flops == 2 * 32 * 128 * 28 * 28 * 64 * 3 * 3
+    # A shape that does not fit the input and weight (batch or channels differ) is not used.
+    assert op_flops("aten::cudnn_convolution", dims, CUDNN_TYPES, None, [16, 128, 28, 28]) is None
+    assert op_flops("aten::cudnn_convolution", dims, CUDNN_TYPES, None, [32, 64, 28, 28]) is None
+
+
+def test_forward_output_from_the_matching_backward_op(tmp_path: Path) -> None:
+    """A real torch.profiler capture of conv2d forward and backward, with Concrete Inputs taken
+    out (as traces before torch 2.1 record): the forward conv ops get their output shape from the
+    aten::convolution_backward whose autograd node has their sequence number."""
+    x = torch.randn(2, 3, 16, 16)
+    w = torch.randn(8, 3, 3, 3, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        F.conv2d(x, w, stride=2, padding=1).sum().backward()
+    path = tmp_path / "rank-0.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    trace: dict[str, Any] = json.loads(path.read_text())
+    for e in trace["traceEvents"]:
+        e.get("args", {}).pop("Concrete Inputs", None)
+    path.write_text(json.dumps(trace))
+
+    con = store.connect(None)
+    ingest([str(path)], con, IngestOptions(jobs=1))
+    ops = read_rank(con, rank_files(con)[0]).ops
+    out = _conv_outputs(ops).to_pylist()
+    rows = ops.to_pylist()
+    forward = [i for i, r in enumerate(rows) if r["name"] in CONV_FORWARD_OPS]
+    assert forward
+    # Hout = Wout = floor((16 + 2 − 2 − 1) / 2) + 1 = 8: grad_output is (2, 8, 8, 8).
+    assert {out[i] for i in forward} == {"[2, 8, 8, 8]"}
+    counted = {rows[i]["name"]: op_flops(rows[i]["name"], json.loads(rows[i]["dims"]), json.loads(rows[i]["types"]),
+                                         None, json.loads(out[i] or "null")) for i in forward}
+    # The innermost op (mkldnn_convolution on CPU, cudnn_convolution on CUDA) is never transposed,
+    # so its FLOPs follow: 2 · N · Cout · Hout · Wout · Cin · kh · kw = 2 · 2 · 8 · 8 · 8 · 3 · 3 · 3.
+    # aten::convolution records `transposed` only in Concrete Inputs: without them it stays unknown.
+    known = [op.flops for op in counted.values() if op is not None]
+    assert known and set(known) == {2 * 2 * 8 * 8 * 8 * 3 * 3 * 3} == {55_296}, counted
+    assert counted.get("aten::convolution") is None
+    # Ops that are not forward convolutions get nothing.
+    assert all(out[i] is None for i, r in enumerate(rows) if r["name"] == "aten::convolution_backward")
