@@ -97,13 +97,19 @@ def _gemm_dtype_flops(tl: RankTimeline) -> dict[str, float]:
     no tensor dtype)."""
     weight: dict[str, float] = defaultdict(float)
     idx = np.nonzero(tl.flops > 0)[0]
-    names = tl.acts.column("name").take(idx).to_pylist()
-    for i, f, name in zip(idx.tolist(), tl.flops[idx].tolist(), names, strict=True):
+    names = [kernels.gemm_dtype(n or "") for n in tl.acts.column("name").take(idx).to_pylist()]
+    # A split-K GEMM's reduction kernel (cublasSplitKParams) says no dtype: it takes its op's GEMM's.
+    op_says: dict[int, str] = {}
+    for i, by_name in zip(idx.tolist(), names, strict=True):
+        ext = tl.op_external_id[i]
+        if by_name and ext is not None:
+            op_says.setdefault(ext, by_name)
+    for i, f, by_name in zip(idx.tolist(), tl.flops[idx].tolist(), names, strict=True):
         d = tl.dtype[i]
-        if d in (None, "fp32"):
-            by_name = kernels.gemm_dtype(name or "")
-            if d is None or by_name == "tf32":
-                d = by_name
+        ext = tl.op_external_id[i]
+        by_name = by_name or (op_says.get(ext) if ext is not None else None)
+        if d in (None, "fp32") and (d is None or by_name == "tf32"):
+            d = by_name
         if d:
             weight[d] += f
     return dict(weight)
