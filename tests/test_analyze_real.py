@@ -3,6 +3,7 @@ each step, and the JSON is the diag.report/1 contract."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,12 @@ def test_json_report_contract_from_the_cli(tmp_path: Path) -> None:
     report: dict[str, Any] = json.loads(out.read_text())
     assert set(report) >= CONTRACT
     assert report["device"]["name"] == "A100 40GB" and report["device"]["dtype"] == "tf32"
-    assert report["device"]["peak_tflops"] == 156   # A100 dense TF32: the GEMMs are tensorop_s1688 kernels
+    # A100 dense TF32 156 for the tensorop_s1688 GEMMs, FP32 19.5 for the ampere_sgemm ones: the
+    # effective peak over the two (diag/dtype_mix.py), not 156 for all.
+    mix = report["device"]["dtype_mix"]
+    assert set(mix) == {"tf32", "fp32"} and mix["tf32"] > 0.9
+    assert report["device"]["peak_tflops"] == pytest.approx(1 / (mix["tf32"] / 156 + mix["fp32"] / 19.5))
+    assert report["mfu_bf16"] == pytest.approx(report["mfu"] * report["device"]["peak_tflops"] / 312)
     assert report["world_size"] == 8 and report["ranks"] == [3]
     assert set(report["ledger_by_rank"]) == {"3"} and report["clock_offsets_us"] == {"3": 0.0}
     md = run_diag("analyze", str(src), "--format", "markdown")
@@ -87,7 +93,13 @@ def test_json_report_contract_from_the_cli(tmp_path: Path) -> None:
 
 
 def test_unknown_part_says_how_to_fix_it(tmp_path: Path) -> None:
-    src = shared_traces() / "HolisticTraceAnalysis/tests/data/with_gpu_user_annotation/step_based_trace_2543932.json.gz"
+    real = shared_traces() / "HolisticTraceAnalysis/tests/data/with_gpu_user_annotation/step_based_trace_2543932.json.gz"
+    # The Quadro GP100 capture, its device renamed to a part the table does not list (the AWS A10G).
+    trace = json.loads(gzip.decompress(real.read_bytes()))
+    for props in trace["deviceProperties"]:
+        props["name"] = "NVIDIA A10G"
+    src = tmp_path / real.name
+    src.write_bytes(gzip.compress(json.dumps(trace).encode()))
     r = run_diag("analyze", str(src), "--format", "json")
     report = json.loads(r.stdout)
     assert report["mfu"] is None and "--gpu" in report["device"]["peak_source"]
