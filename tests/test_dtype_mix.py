@@ -22,12 +22,13 @@ H100 = {"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85045379072, "numSms"
 FP8, BF16 = "c10::Float8_e4m3fn", "c10::BFloat16"
 FP8_KERNEL = "nvjet_qqtst_128x256_128x6_2x1_2cta_v_bz_TNT"
 BF16_KERNEL = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN"
+UNKNOWN_KERNEL = "void my_fused_rope_kernel<float>(float*, int)"  # named by no row of kernels.toml
 
 
 def _trace(gemms: Sequence[tuple[str, str | None, int, int, int, int]], device: dict[str, Any] | None = H100) -> dict[str, Any]:
     """One step of GEMMs (op name, input type or None for no shapes, kernel index, m, k, n), one
     after another on the GPU: each op at 10+100i µs on the CPU launches its kernel, which runs 50 µs."""
-    kernels = [FP8_KERNEL, BF16_KERNEL]
+    kernels = [FP8_KERNEL, BF16_KERNEL, UNKNOWN_KERNEL]
     events: list[dict[str, Any]] = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0,
          "dur": 100 * len(gemms) + 20},
@@ -122,3 +123,12 @@ def test_a_dtype_the_part_lacks_leaves_the_peak_unknown_unless_negligible() -> N
     assert shares == {} and left_out == ["fp8"]
     shares, left_out = dtype_mix.DtypeMix({"fp64": 0.001, "bf16": 0.999}, "test").priced(hardware.part_by_key("h800"))
     assert shares == {"bf16": 1.0} and left_out == ["fp64"]
+
+
+def test_unknown_kernel_names_are_counted_in_the_notes(tmp_path: Path) -> None:
+    # Three 50 µs kernels, one of them named by no pattern: a third of the kernel time.
+    r = _analyze(tmp_path, _trace([("aten::mm", BF16, 1, 1024, 1024, 1024), ("aten::add", None, 2, 0, 0, 0),
+                                   ("aten::mm", BF16, 1, 1024, 1024, 1024)]))
+    note = next(n for n in r["notes"] if "match no pattern" in n)
+    assert note.startswith("1 kernel names (33.3% of kernel time)")
+    assert "my_fused_rope_kernel<float> 33.3%" in note
