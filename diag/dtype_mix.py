@@ -37,7 +37,7 @@ NEGLIGIBLE_SHARE = 0.01
 @dataclass(frozen=True)
 class DtypeMix:
     shares: Mapping[str, float]  # dtype → share of matmul FLOPs, summing to 1
-    basis: str                   # how the shares were found, for the peak's source line
+    basis: str                   # how the shares were found, for the peak's source line ("" from shapes)
 
     @property
     def dominant(self) -> str:
@@ -86,7 +86,7 @@ def run_mix(ranks: list[RankDigest], part: hardware.Part | None, shapes_trusted:
     flops = summed(r.gemm_dtype_flops for r in ranks)
     named = summed(r.matmul_name_dtype_ns for r in ranks)
     if flops and shapes_trusted:
-        return DtypeMix(_normalized(flops), "matmul FLOPs by dtype from op shapes")
+        return DtypeMix(_normalized(flops), "")  # the usual case: said by the FLOPs note already
     by_time = {d: float(ns) for d, ns in named.items() if d}
     if by_time:
         peak = {d: part.dense_tflops.get(d, 0.0) if part is not None else 1.0 for d in by_time}

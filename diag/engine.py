@@ -234,7 +234,7 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
         shares, left_out = mix.priced(part)
         if shares:
             dense = dtype_mix.effective_peak_tflops(part, shares)
-            src = f"{part.name} {dtype_mix.describe(part, shares)} ({how}; {mix.basis})"
+            src = f"{part.name} {dtype_mix.describe(part, shares)} ({'; '.join(filter(None, (how, mix.basis)))})"
             if left_out:
                 src += f"; {', '.join(left_out)} left out: under {dtype_mix.NEGLIGIBLE_SHARE:.0%} of FLOPs, no peak on this part"
             if user is not None and not hardware.sparse_peak_matches(user, dtype=dtype) and abs(user - dense) > 1e-9:
@@ -245,14 +245,15 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
             missing = ", ".join(f"{d} ({mix.shares[d]:.0%})" for d in left_out)
             return Peak(None, part.key, part.name, dtype,
                         f"{part.name} has no dense peak in its datasheet for {missing} of the matmul FLOPs "
-                        f"({how}; {mix.basis}): MFU unknown; pass --peak-tflops", None, part.hbm_gbps,
+                        f"({'; '.join(filter(None, (how, mix.basis)))}): MFU unknown; pass --peak-tflops", None, part.hbm_gbps,
                         part.nvlink_gbps, dict(mix.shares))
     if user is not None:
         sparse = hardware.sparse_peak_matches(user, dtype=dtype)
         tflops = user / 2 if sparse else user
         src = f"--peak-tflops {user:g}" + (" (a 'with sparsity' figure: halved to the dense peak)" if sparse else "")
         p = sparse[0][0] if sparse else None
-        return Peak(tflops, p.key if p else None, p.name if p else None, dtype, f"{src} ({mix.basis})", user,
+        return Peak(tflops, p.key if p else None, p.name if p else None, dtype,
+                    f"{src} ({mix.basis})" if mix.basis else src, user,
                     p.hbm_gbps if p else None, p.nvlink_gbps if p else None, dict(mix.shares))
     name = next((r.device_props.get("name") for r in ranks if r.device_props), None)
     return Peak(None, None, name, dtype,

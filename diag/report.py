@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from diag.engine import Analysis
@@ -87,16 +88,21 @@ def _pct(x: float | None) -> str:
     return "unknown" if x is None else f"{x * 100:.1f}%"
 
 
-def _header(r: dict[str, Any]) -> list[str]:
-    d = r["device"]
+def peak_label(d: Mapping[str, Any]) -> str:
+    """The report's `device` in words: 'dense bf16 peak 989 TFLOP/s', or with a dtype mix
+    'effective peak 1484 TFLOP/s (matmul FLOPs fp8 67%, bf16 33%)'."""
     mix = d.get("dtype_mix") or {}
     if d["peak_tflops"] is None:
-        peak = "unknown peak"
-    elif len(mix) > 1:
+        return "unknown peak"
+    if len(mix) > 1:
         shares = ", ".join(f"{dt} {s:.0%}" for dt, s in mix.items())
-        peak = f"effective peak {d['peak_tflops']:.4g} TFLOP/s (matmul FLOPs {shares})"
-    else:
-        peak = f"dense {d['dtype']} peak {d['peak_tflops']:g} TFLOP/s"
+        return f"effective peak {d['peak_tflops']:.4g} TFLOP/s (matmul FLOPs {shares})"
+    return f"dense {d['dtype']} peak {d['peak_tflops']:g} TFLOP/s"
+
+
+def _header(r: dict[str, Any]) -> list[str]:
+    d = r["device"]
+    peak = peak_label(d)
     if r.get("timeline") == "host":
         peak = "CPU-only run: host timeline in place of the GPU's, no MFU"
     st = r["step_time_s"]

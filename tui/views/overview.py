@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from diag.report import peak_label
 from tui.queries import fmt_seconds
 from tui.snapshot import LiveStatus, Snapshot
 from tui.views.base import Jump, View, right
@@ -41,7 +42,10 @@ def headline(r: Mapping[str, Any]) -> Text:
     t.append(f" ({len(r['ranks'])} traced) × {r['steps']} steps", style="dim")
     t.append("\n")
     part = d["name"] or "unknown GPU"
-    peak = f"{d['dtype']} dense peak {d['peak_tflops']:g} TFLOP/s" if d["peak_tflops"] else "peak unknown"
+    if len(d.get("dtype_mix") or {}) > 1:
+        peak = peak_label(d)   # effective peak of the dtype mix, and the mix
+    else:
+        peak = f"{d['dtype']} dense peak {d['peak_tflops']:g} TFLOP/s" if d["peak_tflops"] else "peak unknown"
     t.append(f"{part} · {peak}", style="")
     if r["mfu"] is None:
         t.append(" — pass --gpu or --peak-tflops for MFU", style="yellow")
