@@ -53,19 +53,6 @@ class DtypeMix:
         return {d: s / total for d, s in kept.items()}, missing
 
 
-def effective_peak_tflops(part: hardware.Part, shares: Mapping[str, float]) -> float:
-    """1 ÷ Σ share_d ÷ peak_d: the peak at which the mix's FLOPs take their ideal time."""
-    if len(shares) == 1:
-        return hardware.dense_peak_tflops(part, next(iter(shares)))  # exactly the datasheet's figure
-    return 1.0 / sum(s / hardware.dense_peak_tflops(part, d) for d, s in shares.items())
-
-
-def default_dtype(part: hardware.Part | None) -> str:
-    """What a GEMM whose dtype nothing records is assumed to run in: bf16, or fp16 on parts
-    without bf16 (V100 trains in fp16)."""
-    return "fp16" if part is not None and "bf16" not in part.dense_tflops else "bf16"
-
-
 def _normalized(weights: Mapping[str, float]) -> dict[str, float]:
     total = sum(weights.values())
     return {d: w / total for d, w in sorted(weights.items(), key=lambda x: -x[1]) if w > 0}
@@ -82,7 +69,7 @@ def summed(maps: Iterable[Mapping[str, float]]) -> dict[str, float]:
 def run_mix(ranks: list[RankDigest], part: hardware.Part | None, shapes_trusted: bool) -> DtypeMix:
     """The run's mix (module docstring). `shapes_trusted`: op shapes cover enough GEMM/attention
     kernel time for their FLOPs to speak for the run (engine.MIN_SHAPE_COVERAGE)."""
-    default = default_dtype(part)
+    default = hardware.default_dtype(part)
     flops = summed(r.gemm_dtype_flops for r in ranks)
     named = summed(r.matmul_name_dtype_ns for r in ranks)
     if flops and shapes_trusted:
@@ -112,4 +99,4 @@ def describe(part: hardware.Part, shares: Mapping[str, float]) -> str:
         (d,) = shares
         return f"dense {d} {hardware.dense_peak_tflops(part, d):g} TFLOP/s"
     parts = ", ".join(f"{d} {s:.0%} at {hardware.dense_peak_tflops(part, d):g}" for d, s in shares.items())
-    return f"effective {effective_peak_tflops(part, shares):.4g} TFLOP/s (dense peaks by matmul FLOPs: {parts})"
+    return f"effective {hardware.effective_peak_tflops(part, shares):.4g} TFLOP/s (dense peaks by matmul FLOPs: {parts})"

@@ -233,7 +233,7 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
     if part is not None:
         shares, left_out = mix.priced(part)
         if shares:
-            dense = dtype_mix.effective_peak_tflops(part, shares)
+            dense = hardware.effective_peak_tflops(part, shares)
             src = f"{part.name} {dtype_mix.describe(part, shares)} ({'; '.join(filter(None, (how, mix.basis)))})"
             if left_out:
                 src += f"; {', '.join(left_out)} left out: under {dtype_mix.NEGLIGIBLE_SHARE:.0%} of FLOPs, no peak on this part"

@@ -79,6 +79,20 @@ def dense_peak_tflops(part: Part, dtype: str) -> float:
         raise ValueError(f"{part.name} has no {dtype} peak in its datasheet; known: {known}") from None
 
 
+def default_dtype(part: Part | None) -> str:
+    """What a GEMM whose dtype nothing records is assumed to run in: bf16, or fp16 on parts
+    without bf16 (V100 trains in fp16)."""
+    return "fp16" if part is not None and "bf16" not in part.dense_tflops else "bf16"
+
+
+def effective_peak_tflops(part: Part, shares: Mapping[str, float]) -> float:
+    """1 ÷ Σ share_d ÷ peak_d: the peak at which a dtype mix's FLOPs (shares summing to 1) take their
+    ideal time Σ FLOPs_d ÷ peak_d (diag/dtype_mix.py)."""
+    if len(shares) == 1:
+        return dense_peak_tflops(part, next(iter(shares)))  # exactly the datasheet's figure
+    return 1.0 / sum(s / dense_peak_tflops(part, d) for d, s in shares.items())
+
+
 def sparse_peak_tflops(part: Part, dtype: str) -> float | None:
     """The datasheet's "with sparsity" figure: 2x dense, for tensor dtypes on parts that have it."""
     if not part.has_sparsity or dtype not in SPARSE_DTYPES or dtype not in part.dense_tflops:

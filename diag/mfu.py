@@ -8,7 +8,8 @@
 
 FLOPs per token are 6N, plus 12*L*H*Q*T when --layers --heads --head-dim --seq-len are all
 given, or come from --model (a preset or a model file). The peak is the part's dense figure for
---dtype (bf16 by default); --peak-tflops overrides it, and a figure equal to some part's
+--dtype (bf16 by default, fp16 on parts without bf16; a mix such as fp8=0.6,bf16=0.4 gives the effective peak
+1 / sum(share / peak), as `diag analyze` does); --peak-tflops overrides it, and a figure equal to some part's
 "with sparsity" peak draws a warning on stderr (MFU007).
 """
 
@@ -99,7 +100,9 @@ def add_mfu_arguments(parser: argparse.ArgumentParser) -> None:
     hw = parser.add_argument_group("hardware")
     hw.add_argument("--gpus", metavar="INT", help="number of GPUs")
     hw.add_argument("--gpu", metavar="PART", help=f"one of {', '.join(sorted(hardware.PARTS))}")
-    hw.add_argument("--dtype", default="bf16", help="dtype of the peak (default bf16)")
+    hw.add_argument("--dtype",
+                    help="dtype of the peak (default bf16; fp16 on parts without bf16, V100), or a mix of matmul "
+                         "FLOPs, e.g. fp8=0.6,bf16=0.4: the effective peak 1 / sum(share / peak)")
     hw.add_argument("--peak-tflops", metavar="X", help="dense peak per GPU, overriding --gpu's")
     target = parser.add_argument_group("known quantity (exactly one)")
     target.add_argument("--tokens-per-s", metavar="X", help="global training throughput -> prints MFU")
@@ -153,9 +156,32 @@ def _peak(args: argparse.Namespace) -> tuple[float, str]:
         raise BadInput("--gpu", f"give --gpu ({', '.join(sorted(hardware.PARTS))}) or --peak-tflops")
     try:
         part = hardware.part_by_key(args.gpu)
-        return hardware.dense_peak_tflops(part, args.dtype), f"{part.name} {args.dtype} dense"
     except ValueError as error:
         raise BadInput("--gpu", str(error)) from None
+    shares = _dtype_shares(args.dtype or hardware.default_dtype(part))
+    try:
+        peak = hardware.effective_peak_tflops(part, shares)
+    except ValueError as error:
+        raise BadInput("--dtype", str(error)) from None
+    if len(shares) == 1:
+        return peak, f"{part.name} {next(iter(shares))} dense"
+    mix = ", ".join(f"{d} {s:.0%}" for d, s in shares.items())
+    return peak, f"{part.name} effective peak of the dense peaks by matmul FLOPs: {mix}"
+
+
+def _dtype_shares(text: str) -> dict[str, float]:
+    """--dtype: 'bf16', or 'fp8=0.6,bf16=0.4' (shares of matmul FLOPs, normalized to sum to 1)."""
+    if "=" not in text:
+        return {text.strip(): 1.0}
+    shares: dict[str, float] = {}
+    for item in text.split(","):
+        dtype, _, share = item.partition("=")
+        value = _number("--dtype", share.strip())
+        if not dtype.strip() or value is None:
+            raise BadInput("--dtype", f"expected DTYPE=SHARE,..., e.g. fp8=0.6,bf16=0.4; got {text!r}")
+        shares[dtype.strip()] = value
+    total = sum(shares.values())
+    return {d: v / total for d, v in shares.items()}
 
 
 def _sparse_warning(peak_tflops: float, dtype: str) -> str | None:
@@ -197,7 +223,10 @@ def run_mfu(args: argparse.Namespace) -> int:
         mfu=mfu,
         tflops_per_gpu=known["--tflops-per-gpu"],
     )
-    warning = _sparse_warning(peak, args.dtype) if peak_source == "--peak-tflops" else None
+    warning = None
+    if peak_source == "--peak-tflops":
+        dominant = max(_dtype_shares(args.dtype or "bf16").items(), key=lambda x: x[1])[0]
+        warning = _sparse_warning(peak, dominant)
     if warning:
         print(warning, file=sys.stderr)
     if args.format == "json":

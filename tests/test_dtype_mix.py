@@ -113,8 +113,8 @@ def test_text_report_shows_the_mix(tmp_path: Path) -> None:
 
 def test_effective_peak_is_a_weighted_harmonic_mean() -> None:
     h100 = hardware.part_by_key("h100-sxm")
-    assert dtype_mix.effective_peak_tflops(h100, {"bf16": 1.0}) == 989.0
-    assert dtype_mix.effective_peak_tflops(h100, {"fp8": 0.5, "bf16": 0.5}) == pytest.approx(2 / (1 / 1979 + 1 / 989))
+    assert hardware.effective_peak_tflops(h100, {"bf16": 1.0}) == 989.0
+    assert hardware.effective_peak_tflops(h100, {"fp8": 0.5, "bf16": 0.5}) == pytest.approx(2 / (1 / 1979 + 1 / 989))
 
 
 def test_a_dtype_the_part_lacks_leaves_the_peak_unknown_unless_negligible() -> None:

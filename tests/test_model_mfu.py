@@ -220,6 +220,20 @@ def test_peak_override_and_sparse_warning(capsys: pytest.CaptureFixture[str]) ->
     assert err == ""
 
 
+def test_v100_defaults_to_its_fp16_peak(capsys: pytest.CaptureFixture[str]) -> None:
+    # V100 has no bf16: the default dtype is fp16, tensor-core dense 125 TFLOP/s (V100 SXM2 datasheet).
+    out, _ = _run(["--tflops-per-gpu", "50", "--gpu", "v100", "--format", "json"], capsys)
+    assert json.loads(out)["peak_tflops"] == 125.0 and json.loads(out)["mfu"] == pytest.approx(0.4)
+
+
+def test_a_dtype_mix_gives_the_effective_peak(capsys: pytest.CaptureFixture[str]) -> None:
+    # fp8 twice the bf16 FLOPs on H100 SXM: 1 / (2/3 / 1979 + 1/3 / 989) = 1483.87 TFLOP/s.
+    out, _ = _run([*BASE, "--dtype", "fp8=2,bf16=1", "--tflops-per-gpu", "700", "--format", "json"], capsys)
+    peak = 1 / ((2 / 3) / 1979 + (1 / 3) / 989)
+    assert json.loads(out)["peak_tflops"] == pytest.approx(peak)
+    assert json.loads(out)["mfu"] == pytest.approx(700 / peak)
+
+
 @pytest.mark.parametrize(
     ("argv", "where"),
     [
@@ -229,7 +243,8 @@ def test_peak_override_and_sparse_warning(capsys: pytest.CaptureFixture[str]) ->
         (["--params", "7e9", "--gpu", "h100-sxm", "--mfu", "0.4"], "--mfu"),  # no --gpus
         (["--params", "7e9", "--gpus", "8", "--mfu", "0.4"], "--gpu"),  # no peak
         (["--params", "7e9", "--gpus", "8", "--gpu", "h100", "--mfu", "0.4"], "--gpu"),
-        (["--params", "7e9", "--gpus", "8", "--gpu", "v100", "--mfu", "0.4"], "--gpu"),  # no bf16 on V100
+        (["--params", "7e9", "--gpus", "8", "--gpu", "v100", "--dtype", "bf16", "--mfu", "0.4"], "--dtype"),  # no bf16
+        ([*BASE, "--dtype", "fp8=lots", "--mfu", "0.4"], "--dtype"),
         (["--params", "7e9", "--gpus", "8.5", "--gpu", "h100-sxm", "--mfu", "0.4"], "--gpus"),
         (["--params", "seven", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "0.4"], "--params"),
         (["--params", "7e9", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "40"], "--mfu"),  # a percentage
