@@ -23,12 +23,15 @@ FP8, BF16 = "c10::Float8_e4m3fn", "c10::BFloat16"
 FP8_KERNEL = "nvjet_qqtst_128x256_128x6_2x1_2cta_v_bz_TNT"
 BF16_KERNEL = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN"
 UNKNOWN_KERNEL = "void my_fused_rope_kernel<float>(float*, int)"  # named by no row of kernels.toml
+DEEPGEMM_KERNEL = ("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>"
+                   "(dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel::Params)")   # deepseek-ai/profile-data
+H800 = {**H100, "name": "NVIDIA H800"}
 
 
 def _trace(gemms: Sequence[tuple[str, str | None, int, int, int, int]], device: dict[str, Any] | None = H100) -> dict[str, Any]:
     """One step of GEMMs (op name, input type or None for no shapes, kernel index, m, k, n), one
     after another on the GPU: each op at 10+100i µs on the CPU launches its kernel, which runs 50 µs."""
-    kernels = [FP8_KERNEL, BF16_KERNEL, UNKNOWN_KERNEL]
+    kernels = [FP8_KERNEL, BF16_KERNEL, UNKNOWN_KERNEL, DEEPGEMM_KERNEL]
     events: list[dict[str, Any]] = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0,
          "dur": 100 * len(gemms) + 20},
@@ -132,3 +135,10 @@ def test_unknown_kernel_names_are_counted_in_the_notes(tmp_path: Path) -> None:
     note = next(n for n in r["notes"] if "match no pattern" in n)
     assert note.startswith("1 kernel names (33.3% of kernel time)")
     assert "my_fused_rope_kernel<float> 33.3%" in note
+
+
+def test_h800_fp8_grouped_gemms_without_shapes_are_at_the_fp8_peak(tmp_path: Path) -> None:
+    # DeepSeek's training capture: FP8 grouped GEMMs (CUTLASS, custom ops: no shapes) on H800.
+    r = _analyze(tmp_path, _trace([("dpsk::grouped_gemm", None, 3, 0, 0, 0)] * 2, device=H800))
+    assert r["device"]["part"] == "h800"
+    assert r["device"]["dtype_mix"] == {"fp8": 1.0} and r["device"]["peak_tflops"] == 1979.0
