@@ -74,7 +74,7 @@ def run_mix(ranks: list[RankDigest], part: hardware.Part | None, shapes_trusted:
     named = summed(r.matmul_name_dtype_ns for r in ranks)
     if flops and shapes_trusted:
         return DtypeMix(_normalized(flops), "")  # the usual case: said by the FLOPs note already
-    by_time = {d: float(ns) for d, ns in named.items() if d}
+    by_time = {d: float(ns) for d, ns in named.items() if d and ns > 0}
     if by_time:
         peak = {d: part.dense_tflops.get(d, 0.0) if part is not None else 1.0 for d in by_time}
         if part is not None and all(peak.values()):

@@ -232,9 +232,10 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
     user = opts.peak_tflops
     if part is not None:
         shares, left_out = mix.priced(part)
+        why = "; ".join(filter(None, (how, mix.basis)))
         if shares:
             dense = hardware.effective_peak_tflops(part, shares)
-            src = f"{part.name} {dtype_mix.describe(part, shares)} ({'; '.join(filter(None, (how, mix.basis)))})"
+            src = f"{part.name} {dtype_mix.describe(part, shares)} ({why})"
             if left_out:
                 src += f"; {', '.join(left_out)} left out: under {dtype_mix.NEGLIGIBLE_SHARE:.0%} of FLOPs, no peak on this part"
             if user is not None and not hardware.sparse_peak_matches(user, dtype=dtype) and abs(user - dense) > 1e-9:
@@ -245,8 +246,8 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
             missing = ", ".join(f"{d} ({mix.shares[d]:.0%})" for d in left_out)
             return Peak(None, part.key, part.name, dtype,
                         f"{part.name} has no dense peak in its datasheet for {missing} of the matmul FLOPs "
-                        f"({'; '.join(filter(None, (how, mix.basis)))}): MFU unknown; pass --peak-tflops", None, part.hbm_gbps,
-                        part.nvlink_gbps, dict(mix.shares))
+                        f"({why}): MFU unknown; pass --peak-tflops", None, part.hbm_gbps, part.nvlink_gbps,
+                        dict(mix.shares))
     if user is not None:
         sparse = hardware.sparse_peak_matches(user, dtype=dtype)
         tflops = user / 2 if sparse else user
