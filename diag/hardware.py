@@ -43,6 +43,7 @@ class Part:
     name_pattern: re.Pattern[str]  # searched in deviceProperties.name
     example: str  # a deviceProperties.name the driver reports for this part
     has_sparsity: bool = True  # 2:4 structured sparsity (Ampere and later)
+    default_dtype: str = "bf16"  # what a run is assumed to compute in when nothing records it
 
 
 def _load() -> tuple[Part, ...]:
@@ -50,7 +51,7 @@ def _load() -> tuple[Part, ...]:
     return tuple(
         Part(key=r["key"], name=r["name"], sms=r["sms"], mem_gib=r["mem_gib"], hbm_gbps=float(r["hbm_gbps"]),
              nvlink_gbps=float(r["nvlink_gbps"]), dense_tflops=MappingProxyType(dict(r["dense_tflops"])),
-             source=r["source"], has_sparsity=r.get("has_sparsity", True),
+             source=r["source"], has_sparsity=r.get("has_sparsity", True), default_dtype=r.get("default_dtype", "bf16"),
              name_pattern=re.compile(r["name_pattern"], re.IGNORECASE), example=r["example"])
         for r in tomllib.loads(text)["part"]
     )
@@ -80,9 +81,9 @@ def dense_peak_tflops(part: Part, dtype: str) -> float:
 
 
 def default_dtype(part: Part | None) -> str:
-    """What a GEMM whose dtype nothing records is assumed to run in: bf16, or fp16 on parts
-    without bf16 (V100 trains in fp16)."""
-    return "fp16" if part is not None and "bf16" not in part.dense_tflops else "bf16"
+    """What a GEMM whose dtype nothing records is assumed to run in: the part's `default_dtype`
+    (bf16; fp16 on Volta and Turing, which have fp16 tensor cores and no bf16; fp32 on Pascal)."""
+    return part.default_dtype if part is not None else "bf16"
 
 
 def effective_peak_tflops(part: Part, shares: Mapping[str, float]) -> float:

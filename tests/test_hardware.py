@@ -270,6 +270,7 @@ def test_every_part_row_is_identified_from_its_example(part: hardware.Part) -> N
     assert found is not None and found.part is part
     assert part.source and part.dense_tflops
     assert all(v > 0 for v in part.dense_tflops.values())
+    assert part.default_dtype in part.dense_tflops
 
 
 def test_dense_peaks_of_the_added_parts() -> None:
@@ -282,6 +283,9 @@ def test_dense_peaks_of_the_added_parts() -> None:
     assert dense_peak_tflops(part_by_key("v100-pcie"), "fp16") == 112.0
     assert dense_peak_tflops(part_by_key("rtx-2080-ti"), "fp16") == 53.8  # FP32 accumulate
     assert "bf16" not in part_by_key("v100").dense_tflops
+    # Nothing recorded: V100 runs are taken to be fp16 (tensor cores), Pascal ones fp32.
+    assert (hardware.default_dtype(part_by_key("v100")), hardware.default_dtype(part_by_key("quadro-gp100"))) == (
+        "fp16", "fp32")
 
 
 @pytest.mark.parametrize(
