@@ -337,6 +337,11 @@ def test_every_dtype_row_names_its_example(row: DtypePattern) -> None:
         ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>", "gemm", None, None),
         ("void cudnn::detail::wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>", "gemm", None, None),
         ("volta_sgemm_128x64_nn", "gemm", "fp32", None),
+        ("fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, "
+         "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)", "attention", "fp16", None),
+        ("fmha_cutlassB_bf16_aligned_128x64_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<"
+         "cutlass::arch::Sm80, cutlass::bfloat16_t, true, false, true, 128, 64, 128, false>::Params)",
+         "attention", "bf16", None),
     ],
 )
 def test_issue_13_names(name: str, kernel_class: str, dtype: str | None, collective: str | None) -> None:
