@@ -188,7 +188,8 @@ def read_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankRows:
 
 def build_rank(rows: RankRows) -> RankTimeline:
     rank, window, world, props_text = rows.meta[:4]
-    acts, ops = rows.acts, rows.ops
+    acts = rows.acts
+    ops, frames = _split_frames(rows.ops)
     op_tid, op_ts, op_end = (_ints(ops.column(k)) for k in ("tid", "ts", "end"))
     codes, distinct = name_codes(ops.column("name"))
     phases = assign_phases(op_tid, op_end, codes, distinct, _valid(ops.column("fwd_tid")))
@@ -210,20 +211,30 @@ def build_rank(rows: RankRows) -> RankTimeline:
         op_name=_take(ops.column("name"), op_idx), op_external_id=_take(ops.column("external_id"), op_idx),
         phase=phase, flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops,
         step_of=step_of, dataloader_spans=(op_ts[dl], op_end[dl]),
-        host_marks=_host_marks(rows.marks, ops, op_tid, op_ts, op_end), host_timeline=rows.host and len(ts) > 0,
+        host_marks=_host_marks(rows.marks, ops, op_tid, op_ts, op_end, frames),
+        host_timeline=rows.host and len(ts) > 0,
     )
 
 
-def _host_marks(marks: pa.Table, ops: pa.Table, tid: I64, ts: I64, end: I64) -> HostMarks:
+def _split_frames(spans: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The host spans as ops (CPU ops and annotations) and Python frames (`python_function`,
+    recorded with with_stack=True), each in the spans' order. Phases, launching ops and FLOPs are
+    read from the ops alone: the script's `<module>` frame wraps every ProfilerStep span, which
+    would give every op a parent outside any step and so the phase `other` (forward FLOPs 0, MFU
+    unknown), and the op that launched a kernel is the innermost op, never the frame around it."""
+    py = pc.equal(spans.column("cat"), "python_function").fill_null(False)
+    return spans.filter(pc.invert(py)), spans.filter(py)
+
+
+def _host_marks(marks: pa.Table, ops: pa.Table, tid: I64, ts: I64, end: I64, frames: pa.Table) -> HostMarks:
     """The marks with the CPU op and the Python frame each ran inside (innermost on its thread)."""
     m_tid, m_ts = _ints(marks.column("tid")), _ints(marks.column("ts"))
     inner = containing(tid, ts, end, m_tid, m_ts)
-    py = np.asarray(pc.equal(ops.column("cat"), "python_function").fill_null(False), bool)
-    caller = containing(tid[py], ts[py], end[py], m_tid, m_ts)
-    names = ops.column("name")
+    f_tid, f_ts, f_end = (_ints(frames.column(k)) for k in ("tid", "ts", "end"))
+    caller = containing(f_tid, f_ts, f_end, m_tid, m_ts)
     return HostMarks(
         _strings(marks.column("kind")), _strings(marks.column("name")), m_ts, _ints(marks.column("end")),
-        _take(names, inner), _take(names.filter(pa.array(py)), caller),
+        _take(ops.column("name"), inner), _take(frames.column("name"), caller),
     )
 
 
@@ -360,6 +371,8 @@ _HOST_MARKS = """
     ORDER BY ts
 """
 
+# Every host span: CPU ops, annotations and Python frames (`python_function`, with_stack=True).
+# build_rank reads phases, launching ops and FLOPs from the ops alone (`_split_frames`).
 _CPU_OPS = """
     SELECT coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, cat, fwd_tid, external_id,
            input_dims::VARCHAR AS dims, input_types::VARCHAR AS types, trace_flops,
