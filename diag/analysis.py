@@ -108,6 +108,12 @@ class RunContext:
     world_size: int
     exposed_ns: dict[tuple[int, int], int]       # (file_id, activity index) → comm time with no compute beside it, less the wait for the last rank
     notes: list[str] = field(default_factory=list)
+    workload: str = "training"                   # "training" | "inference" (no backward pass anywhere)
+    steps_excluded: list[tuple[int, int, str]] = field(default_factory=list)   # (rank, step, why): not in the means
+
+    @property
+    def inference(self) -> bool:
+        return self.workload == "inference"
 
     def mean_fraction(self, bucket: str) -> float:
         if not self.ledgers:

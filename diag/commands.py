@@ -23,13 +23,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="override the dense peak (still checked against 'with sparsity' figures)")
     p.add_argument("--tokens-per-step", type=float, default=None,
                    help="global tokens per optimizer step (what a --model preset needs for MFU)")
+    p.add_argument("--all-steps", action="store_true",
+                   help="keep warm-up and teardown steps in the means (left out and listed by default)")
 
 
 def analyze_options(args: argparse.Namespace) -> object:
     from diag.engine import AnalyzeOptions
 
     return AnalyzeOptions(model=args.model, gpu=args.gpu, peak_tflops=args.peak_tflops,
-                          tokens_per_step=args.tokens_per_step)
+                          tokens_per_step=args.tokens_per_step, all_steps=args.all_steps)
 
 
 def _register_analyze(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -49,6 +49,7 @@ class RankDigest:
     kernel_ns: int                      # all SM kernel time
     unknown_kernel_ns: dict[str, int]   # kernel names no row of kernels.toml names → their time
     rules: dict[str, Any] = field(default_factory=dict)   # rule code → that rule's per-rank digest
+    backward_pass: bool = True          # RankTimeline.backward_pass: this rank trains
 
 
 def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:
@@ -67,6 +68,7 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         tl.host_timeline, tl.steps, calls, states, waitable, exposed_comm_ns(tl), _gemm_dtype_flops(tl),
         int(dur.sum()), int(dur[tl.flops[matmul] > 0].sum()), _time_by_name(tl, matmul, _name_dtype),
         int((tl.end_ns - tl.ts_ns)[tl.kernel].sum()), _time_by_name(tl, tl.kernel, _unknown_name),
+        backward_pass=tl.backward_pass,
     )
     return digest, runs
 

@@ -24,6 +24,7 @@ from diag.executor import Executor
 from diag.ingest.ranks import check_one_run, rank_notes
 from diag.ledger import StepLedger
 from diag.states import I64, StepStates, covered_ns, with_waits
+from diag.step_outliers import excluded_steps
 from diag.timeline import RankTimeline, load_rank, load_ranks, rank_files
 from rules import RULES
 from rules.base import Rule
@@ -35,6 +36,7 @@ class AnalyzeOptions:
     gpu: str | None = None            # hardware part key
     peak_tflops: float | None = None  # override (checked against "with sparsity" figures)
     tokens_per_step: float | None = None  # global tokens per optimizer step (overrides the model's)
+    all_steps: bool = False           # keep warm-up and teardown steps in the means (diag/step_outliers.py)
 
 
 @dataclass
@@ -139,8 +141,14 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
         exposed.update({(r.file_id, i): v for i, v in r.exposed_ns.items()})
     _take_out_waits(exposed, ranks, matched)
 
-    flops_source = _model_flops(ranks, states, spec, world)
-    ledgers = [_ledger(r, i, states[(r.file_id, i)], peak, rules) for r in ranks for i in range(len(r.steps.step))]
+    workload = "training" if any(r.backward_pass for r in ranks) else "inference"
+    flops_source = _model_flops(ranks, states, spec, world, workload)
+    outliers = {(r.file_id, i): (r.rank, r.steps.step[i], why) for r in ranks
+                for i, why in excluded_steps(r.steps).items()}
+    if not opts.all_steps:
+        states = {k: st for k, st in states.items() if k not in outliers}
+    ledgers = [_ledger(r, i, states[(r.file_id, i)], peak, rules) for r in ranks for i in range(len(r.steps.step))
+               if (r.file_id, i) in states]
     mfu, hfu = _utilization(states, peak)
     if mfu is not None and mfu > IMPOSSIBLE_MFU and spec is not None:
         raise BadInput(
@@ -148,7 +156,10 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
             f"the model description gives {mfu:.1f}× the FLOPs the GPUs can do at their dense peak in the "
             "measured steps: it does not describe this run (check params, tokens_per_step and --gpu)",
         )
-    run = RunContext(ranks, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed)
+    run = RunContext(ranks, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed, workload=workload,
+                     steps_excluded=[] if opts.all_steps else sorted(outliers.values()))
+    if workload == "inference":
+        run.notes.append(INFERENCE_NOTE)
     if host:
         run.notes.append(HOST_NOTE)
     run.notes.extend(clock_notes(offsets))
@@ -161,6 +172,10 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     unknown = _unknown_kernels_note(ranks)
     if unknown:
         run.notes.append(unknown)
+    if outliers:
+        kept = "kept in the means (--all-steps)" if opts.all_steps else "left out of the means (--all-steps keeps them)"
+        run.notes.append(f"{len(outliers)} warm-up/teardown step(s) {kept}: " + "; ".join(
+            f"rank {rank} step {step}: {why}" for rank, step, why in sorted(outliers.values())[:4]))
     for r in ranks:
         if not r.steps.from_profiler_step:
             run.notes.append(f"rank {r.rank}: no ProfilerStep spans; one window for the whole capture")
@@ -282,18 +297,30 @@ def _gemm_dtype(ranks: list[RankDigest]) -> str | None:
     return max(weight, key=lambda d: weight[d]) if weight else None
 
 
+INFERENCE_NOTE = (
+    "inference: no backward pass in the trace (no autograd or optimizer op, no backward kernel), so model "
+    "FLOPs are one forward pass and training advice (gradient buckets, recomputation) does not apply"
+)
+
+
 def _model_flops(
     ranks: list[RankDigest], states: dict[tuple[int, int], StepStates],
-    spec: model_mod.ModelSpec | None, world: int,
+    spec: model_mod.ModelSpec | None, world: int, workload: str,
 ) -> str:
-    """Fill each rank-step's model FLOPs; returns how they were obtained."""
+    """Fill each rank-step's model FLOPs; returns how they were obtained. Training runs the forward
+    pass and a backward of twice its FLOPs (PaLM App. B: 6N = 3 × 2N); inference the forward only."""
+    inference = workload == "inference"
     if spec is not None and spec.tokens_per_step:
-        per_rank = spec.tokens_per_step * model_mod.flops_per_token(spec) / max(world, 1)
+        per_token = model_mod.flops_per_token(spec) / (3 if inference else 1)
+        per_rank = spec.tokens_per_step * per_token / max(world, 1)
         for k, st in states.items():
             states[k] = _with_model(st, per_rank)
-        return (f"model FLOPs from {spec.name}: (6N + 12·L·H·Q·T) = {model_mod.flops_per_token(spec):.4g} "
+        formula = "(6N + 12·L·H·Q·T) ÷ 3, one forward pass" if inference else "(6N + 12·L·H·Q·T)"
+        return (f"model FLOPs from {spec.name}: {formula} = {per_token:.4g} "
                 f"FLOPs/token × {spec.tokens_per_step:g} tokens/step ÷ {world} GPUs")
-    note = "model FLOPs inferred from the trace: 3 × the forward matmul and attention FLOPs from op shapes"
+    note = ("model FLOPs inferred from the trace: the matmul and attention FLOPs from op shapes (inference: "
+            "one forward pass)" if inference else
+            "model FLOPs inferred from the trace: 3 × the forward matmul and attention FLOPs from op shapes")
     if spec is not None:
         note += f" ({spec.name} gives no tokens_per_step: pass --tokens-per-step)"
     covered = _shape_coverage(ranks)
@@ -305,7 +332,9 @@ def _model_flops(
         return (f"{note}: only {covered:.0%} of GEMM/attention kernel time has op shapes (record_shapes off, "
                 "or torch.compile regions), so model FLOPs and MFU are unknown; pass --model with tokens_per_step")
     for k, st in states.items():
-        states[k] = _with_model(st, 3.0 * st.fwd_flops)
+        # Inference has no backward to tell forward ops from: every matmul FLOP executed in the step
+        # is the model's (ops outside any ProfilerStep span are phase `other`, not `forward`).
+        states[k] = _with_model(st, st.exec_flops if inference else 3.0 * st.fwd_flops)
     return note
 
 

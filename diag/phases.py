@@ -43,6 +43,18 @@ _BACKWARD_SPAN = "autograd::engine::evaluate_function"
 PHASES = ("forward", "backward", "recompute", "optimizer", "dataloader", "other")
 
 
+# Kernels only a backward pass launches, for traces that record no CPU ops (activities=[CUDA]):
+# `threshold_backward`, `LayerNormBackwardCUDAKernel`, `flash_bwd_dq_dk_dv_loop_kernel`,
+# `sm80_xmma_dgrad_implicit_gemm`, `sm80_xmma_wgrad_implicit_gemm`, `cuComputeGradInput`,
+# `layer_norm_grad_input_kernel`, `embedding_backward_feature_kernel`.
+_BACKWARD_KERNEL = re.compile(r"backward|bwd|dgrad|wgrad|grad_?input|grad_?weight", re.IGNORECASE)
+TRAINING_PHASES = ("backward", "recompute", "optimizer")
+
+
+def is_backward_kernel(name: str) -> bool:
+    return bool(_BACKWARD_KERNEL.search(name))
+
+
 def is_dataloader_span(name: str) -> bool:
     return name.startswith("enumerate(DataLoader)")
 

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from diag.durations import duration
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
 
@@ -35,9 +36,13 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "ranks": sorted(by_rank),
         "steps": len(by_step),
         "timeline": "host" if any(r.host_timeline for r in run.ranks) else "gpu",
+        "workload": run.workload,
+        "steps_excluded": [{"rank": rank, "step": step, "why": why} for rank, step, why in run.steps_excluded],
         "device": {"name": run.peak.part_name, "part": run.peak.part_key, "peak_tflops": run.peak.tflops,
                    "dtype": run.peak.dtype, "dtype_mix": dict(run.peak.dtype_mix), "peak_source": run.peak.source},
         "step_time_s": statistics.median(windows) if windows else None,
+        "step_time_spread_s": {"min": min(windows), "median": statistics.median(windows), "max": max(windows)}
+        if windows else None,
         "mfu": run.mfu,
         "mfu_bf16": run.peak.mfu_bf16(run.mfu),
         "hfu": run.hfu,
@@ -108,11 +113,18 @@ def _header(r: dict[str, Any]) -> list[str]:
     st = r["step_time_s"]
     traced = len(r["ranks"])
     ranks = f"{traced} ranks" if traced == r["world_size"] else f"{traced} of {r['world_size']} ranks traced"
-    return [
-        f"{ranks} × {r['steps']} steps · {d['name'] or 'unknown GPU'} · {peak}",
-        f"step time {st * 1e3:.2f} ms (median)   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}{_bf16(r)}" if st is not None
-        else "no steps",
+    spread = r.get("step_time_spread_s")
+    over = "" if not spread or len(r.get("ledger_by_step") or {}) * traced < 2 else \
+        f" (median; min {duration(spread['min'])}, max {duration(spread['max'])})"
+    lines = [
+        f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {d['name'] or 'unknown GPU'} · {peak}",
+        f"step time {duration(st)}{over or ' (median)'}   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}{_bf16(r)}"
+        if st is not None else "no steps",
     ]
+    excluded = r.get("steps_excluded") or []
+    if excluded:
+        lines.append(f"{len(excluded)} step(s) left out of the means as warm-up or teardown (see notes)")
+    return lines
 
 
 def _bf16(r: dict[str, Any]) -> str:
@@ -130,7 +142,7 @@ def _worst(r: dict[str, Any]) -> str:
     w = r["worst_rank"]
     top = max((b for b in BUCKETS if b != "model_compute"), key=lambda b: w["ledger"][b])
     return (f"  worst rank: {w['rank']} (model_compute {w['ledger']['model_compute'] * 100:.1f}, "
-            f"step {w['step_time_s'] * 1e3:.2f} ms, most lost to {top} {w['ledger'][top] * 100:.1f})")
+            f"step {duration(w['step_time_s'])}, most lost to {top} {w['ledger'][top] * 100:.1f})")
 
 
 def _mfu_points(r: dict[str, Any]) -> str:

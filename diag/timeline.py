@@ -26,7 +26,7 @@ from diag import kernels
 from diag.ingest.kineto import device_props_for
 from diag.links import normalize_collective
 from diag.nesting import containing, distinct
-from diag.phases import assign_phases, is_dataloader_span, name_codes
+from diag.phases import TRAINING_PHASES, assign_phases, is_backward_kernel, is_dataloader_span, name_codes
 
 I64 = npt.NDArray[np.int64]
 
@@ -43,6 +43,9 @@ class Steps:
     end_ns: I64
     n_kernels: list[int]
     from_profiler_step: bool
+    # Where the last CPU op (ProfilerStep spans aside) or GPU activity inside each window ends, at
+    # least the window's start: after it the step is idle with nothing on either side.
+    busy_end_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 
@@ -101,6 +104,7 @@ class RankTimeline:
     dataloader_spans: tuple[I64, I64]
     host_marks: HostMarks | None = None
     host_timeline: bool = False       # no GPU activity: the activities are host ops (CPU-only run)
+    backward_pass: bool = True        # a backward or optimizer op or a backward-only kernel ran: training
     warnings: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -197,7 +201,7 @@ def build_rank(rows: RankRows) -> RankTimeline:
     kernel, kclass, collective = _classes(acts, rows.host)
     op_idx = _launching_ops(ops, op_tid, op_ts, op_end, acts)
     flops, mnk, dtype, nbytes, tflops = _kernel_shapes(ops, op_idx, kclass, end - ts)
-    steps, step_of = _steps(rows, ts, end)
+    steps, step_of = _steps(rows, ops, ts, end)
     dl = np.isin(codes, [i for i, nm in enumerate(distinct) if is_dataloader_span(nm)])
     all_props = json.loads(props_text) if isinstance(props_text, str) else props_text
     launched = op_idx >= 0
@@ -213,6 +217,8 @@ def build_rank(rows: RankRows) -> RankTimeline:
         step_of=step_of, dataloader_spans=(op_ts[dl], op_end[dl]),
         host_marks=_host_marks(rows.marks, ops, op_tid, op_ts, op_end, frames),
         host_timeline=rows.host and len(ts) > 0,
+        backward_pass=bool(np.isin(phases, TRAINING_PHASES).any())
+        or any(is_backward_kernel(nm) for nm in pc.unique(acts.column("name")).drop_null().to_pylist()),
     )
 
 
@@ -512,7 +518,7 @@ def _enclosing_seq(ops: pa.Table, rows: I64) -> dict[int, int]:
     return found
 
 
-def _steps(rows: RankRows, ts: I64, end: I64) -> tuple[Steps, I64]:
+def _steps(rows: RankRows, ops: pa.Table, ts: I64, end: I64) -> tuple[Steps, I64]:
     spans = rows.spans
     n = len(ts)
     if not spans:
@@ -520,7 +526,8 @@ def _steps(rows: RankRows, ts: I64, end: I64) -> tuple[Steps, I64]:
         lo_hi = rows.meta[4:]
         lo = lo_hi[0] if lo_hi[0] is not None else (int(ts.min()) if n else 0)
         hi = lo_hi[1] if lo_hi[1] is not None else (int(end.max()) if n else 0)
-        steps = Steps([0], [lo], [hi], np.array([lo], np.int64), np.array([hi], np.int64), [n], False)
+        steps = Steps([0], [lo], [hi], np.array([lo], np.int64), np.array([hi], np.int64), [n], False,
+                      np.array([hi], np.int64))
         return steps, np.zeros(n, np.int64)
     numbers = [int(m.group(1)) if (m := _STEP_NUMBER.search(s[0])) else i for i, s in enumerate(spans)]
     cpu_start = np.array([s[1] for s in spans], np.int64)
@@ -538,8 +545,22 @@ def _steps(rows: RankRows, ts: I64, end: I64) -> tuple[Steps, I64]:
         np.add.at(counts, step_of[valid], 1)
     win_end = np.maximum.accumulate(last_end)  # windows never run backwards
     win_start = np.concatenate([[cpu_start[0]], win_end[:-1]])
-    steps = Steps(numbers, cpu_start.tolist(), cpu_end.tolist(), win_start, win_end, counts.tolist(), True)
+    busy = np.maximum(_last_end_before(ts, end, win_end), win_start)
+    op_ts, op_end = _ints(ops.column("ts")), _ints(ops.column("end"))   # Python frames left out: they wrap it all
+    not_step = ~np.asarray(pc.starts_with(ops.column("name").fill_null(""), "ProfilerStep#"), bool)
+    busy = np.maximum(busy, _last_end_before(op_ts[not_step], op_end[not_step], win_end))
+    steps = Steps(numbers, cpu_start.tolist(), cpu_end.tolist(), win_start, win_end, counts.tolist(), True, busy)
     return steps, step_of
+
+
+def _last_end_before(ts: I64, end: I64, t: I64) -> I64:
+    """For each time t: the latest end, capped at t, of the spans starting before t; -1 if none."""
+    if not len(ts):
+        return np.full(len(t), -1, np.int64)
+    order = np.argsort(ts, kind="stable")
+    reach = np.maximum.accumulate(end[order])
+    k = np.searchsorted(ts[order], t, side="left") - 1
+    return np.where(k >= 0, np.minimum(reach[np.clip(k, 0, None)], t), -1)
 
 
 # Bytes per element of the `Input type` strings record_shapes writes.

@@ -39,6 +39,8 @@ class ExposedCollectives(Rule[Params]):
     `forward_prefetch=True`), tensor-parallel overlap (`--tp-comm-overlap`); when bus bandwidth
     is far below what the size can reach, check NCCL's topology and algorithm (NCCL_DEBUG=INFO,
     NCCL_ALGO); when latency-bound, send fewer, larger messages (a larger bucket_cap_mb).
+    Inference (no backward pass): larger batches per forward, fewer tensor-parallel ranks, an
+    all-reduce fused with the next norm (custom or symmetric-memory all-reduce, NVLS).
     """
 
     code = "MFU001"
@@ -71,12 +73,17 @@ class ExposedCollectives(Rule[Params]):
         advice = ("overlap gradient communication with backward: DDP bucket_cap_mb, Megatron "
                   "--overlap-grad-reduce/--overlap-param-gather, FSDP backward_prefetch/forward_prefetch; "
                   "tensor-parallel: --tp-comm-overlap")
+        if run.inference:   # no gradients: what is exposed is tensor/expert-parallel traffic of the forward
+            advice = ("hide the forward's collectives behind compute: larger batches per forward, fewer "
+                      "tensor-parallel ranks (--tensor-parallel-size) where the model fits, all-reduce fused "
+                      "with the next norm (custom or symmetric-memory all-reduce, NCCL NVLS), --tp-comm-overlap")
         if slow:
             advice += (f"; {len(slow)} group(s) reach under {self.params.slow_vs_reach:.0%} of the bus bandwidth "
                        "their message size allows on their link: check NCCL topology and algorithm "
                        "(NCCL_DEBUG=INFO, NCCL_ALGO, NCCL_IB_* settings)")
         if any(g.latency_bound for g in top[:1]):
-            advice += ("; the largest group is latency-bound: fewer, larger messages (a larger bucket_cap_mb, "
+            fewer = "larger batches per forward" if run.inference else "a larger bucket_cap_mb"
+            advice += (f"; the largest group is latency-bound: fewer, larger messages ({fewer}, "
                        "coalesced collectives) amortize NCCL's fixed cost per call")
         evidence = [f"coll:{inst}" for g in top for inst in g.instances[:3]]
         return [Finding(

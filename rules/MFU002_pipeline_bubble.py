@@ -32,6 +32,7 @@ class PipelineBubble(Rule[Params]):
     What to do: raise the number of microbatches per step (gradient accumulation,
     `--num-microbatches` / a larger global batch), use an interleaved schedule
     (`--num-layers-per-virtual-pipeline-stage`, v > 1), or fewer pipeline stages.
+    Inference: more batches in flight across the stages, or fewer stages.
     """
 
     code = "MFU002"
@@ -79,6 +80,9 @@ class PipelineBubble(Rule[Params]):
         if layout is not None and layout.schedule == GPIPE and (layout.microbatches or 0) > 1:
             advice += ("; GPipe holds all m microbatches' activations: 1F1B has the same bubble with at most p "
                        "in flight, which leaves the memory to raise m")
+        if run.inference:   # no gradient accumulation: the stages fill with batches in flight
+            advice = ("keep more batches in flight across the stages (more concurrent requests or micro-batches "
+                      "per forward), balance layers across stages, or use fewer stages and more tensor parallelism")
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("pipeline_bubble"), ranks, steps,
             [f"step:{lg.rank}:{lg.step}" for lg in run.ledgers if lg.fractions()["pipeline_bubble"] > 0][:20],

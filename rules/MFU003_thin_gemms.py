@@ -74,7 +74,8 @@ class ThinGemms(Rule[Params]):
     What to do: raise the micro-batch size (tokens per GEMM), lower the tensor-parallel degree
     (`--tensor-model-parallel-size`), fuse small projections (QKV in one GEMM); attention-shaped
     matmuls (K or N = head_dim under `aten::bmm`) belong in fused attention
-    (`F.scaled_dot_product_attention`, FlashAttention).
+    (`F.scaled_dot_product_attention`, FlashAttention). Inference: batch more sequences
+    per forward.
     """
 
     code = "MFU003"
@@ -158,6 +159,9 @@ class ThinGemms(Rule[Params]):
                       "--tensor-model-parallel-size, fuse small projections (QKV in one GEMM)")
             if attention_s:
                 advice += "; attention done as batched matmuls belongs in F.scaled_dot_product_attention"
+            if run.inference:   # decode GEMMs are thin by the batch: M is the number of sequences in flight
+                advice = advice.replace("raise the micro-batch size", "batch more sequences per forward (larger "
+                                        "max batch size, continuous batching)")
         recoverable = _recoverable(run, digests, target)
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("thin_gemm"), ranks, steps,

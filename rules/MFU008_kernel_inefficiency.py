@@ -44,7 +44,7 @@ class KernelInefficiency(Rule[Params]):
 
     What to do: fuse them (torch.compile, fused LayerNorm/RMSNorm, fused AdamW `fused=True`
     or `foreach=True`, Apex/Transformer Engine kernels), avoid small launches, keep tensors
-    contiguous.
+    contiguous. Inference has no optimizer: CUDA graphs for the many small launches.
     """
 
     code = "MFU008"
@@ -114,6 +114,9 @@ class KernelInefficiency(Rule[Params]):
                    f"of the step; worst: {worst[0][:80]}")
         advice = ("fuse memory-bound kernels: torch.compile, fused RMSNorm/LayerNorm, fused or foreach AdamW, "
                   "Transformer Engine/Apex kernels; avoid many tiny launches")
+        if run.inference:   # no optimizer step to fuse
+            advice = ("fuse memory-bound kernels: torch.compile, fused RMSNorm/LayerNorm and rotary/activation "
+                      "kernels, Transformer Engine/Apex kernels; CUDA graphs for many tiny launches")
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, frac * _mean_window(run), ranks, [],
             [e for k in worst for e in evidence[k][:EVIDENCE]], advice, summary, run.what_if(frac),

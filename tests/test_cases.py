@@ -16,6 +16,7 @@ from helpers import unexplained_buckets
 from diag.api import analyze_path
 from diag.engine import Analysis, AnalyzeOptions
 from diag.ledger import BUCKETS
+from diag.report import render_text
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
 
@@ -62,8 +63,25 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     return run_case(request.param, tmp_path_factory)
 
 
-def truth_steps(run: Run) -> list[tuple[int, dict[str, Any]]]:
-    return [(r["rank"], s) for r in run.truth["ranks"] for s in r["steps"]]
+def truth_steps(run: Run, excluded: bool = False) -> list[tuple[int, dict[str, Any]]]:
+    """(rank, step) of the truth: the steps analyzed, or with `excluded` also the warm-up and teardown steps."""
+    return [(r["rank"], s) for r in run.truth["ranks"] for s in r["steps"] if excluded or s["excluded"] is None]
+
+
+def test_warmup_and_teardown_steps_are_excluded_and_no_other(run: Run) -> None:
+    """Exactly the steps the generator made outliers by construction are left out, with their reason."""
+    want = [(rank, s["profiler_step"], s["excluded"]) for rank, s in truth_steps(run, excluded=True) if s["excluded"]]
+    got = [(e["rank"], e["step"], e["why"].split(":")[0]) for e in run.report["steps_excluded"]]
+    assert sorted(got) == sorted(want)
+    assert run.report["steps"] == len({s["profiler_step"] for _, s in truth_steps(run)})
+
+
+def test_workload(run: Run) -> None:
+    assert run.report["workload"] == run.truth["workload"]
+    if run.truth["workload"] == "inference":
+        assert "inference" in render_text(run.report).splitlines()[1]
+        advice = " ".join(f["advice"] for f in run.report["findings"])
+        assert not any(k in advice for k in ("bucket_cap_mb", "AdamW", "gradient accumulation", "recomput"))
 
 
 def test_expected_findings(run: Run) -> None:
@@ -134,10 +152,13 @@ def test_mfu_and_hfu_match_truth(run: Run) -> None:
 def test_step_windows_and_state_sweep(run: Run) -> None:
     by_rank = {r.rank: r for r in run.analysis.run.ranks}
     states = run.analysis.run.states
-    for rank, s in truth_steps(run):
+    for rank, s in truth_steps(run, excluded=True):
         tl = by_rank[rank]
         i = tl.steps.step.index(s["profiler_step"])
         assert (int(tl.steps.start_ns[i]), int(tl.steps.end_ns[i])) == (s["window_start_ns"], s["window_end_ns"])
+        if s["excluded"]:
+            assert (tl.file_id, i) not in states
+            continue
         st = states[(tl.file_id, i)]
         assert {"compute": st.compute_ns, "comm": st.comm_ns, "copy": st.copy_ns, "idle": st.idle_ns} == s["state_ns"]
 

@@ -87,3 +87,13 @@ def test_python_frames_change_no_phase_or_flops(captures: dict[str, Path]) -> No
         assert {"forward", "backward", "optimizer"} <= set(tl.phase.tolist())
         # No op is a Python frame: the launching op of an activity is an aten or user op.
         assert not any((n or "").startswith(("nn.Module:", "<built-in")) or ".py(" in (n or "") for n in tl.op_name)
+
+
+def test_a_capture_without_backward_is_inference(captures: dict[str, Path]) -> None:
+    from diag.api import analyze_path
+
+    for name, workload in (("stack", "training"), ("plain", "training"), ("inference", "inference")):
+        _, report = analyze_path(str(captures[name]), None, warn=False)
+        assert report["workload"] == workload, name
+    tl = _timeline(captures["inference"])
+    assert not tl.backward_pass and set(tl.phase.tolist()) <= {"forward", "other"}
