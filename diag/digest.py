@@ -50,6 +50,8 @@ class RankDigest:
     unknown_kernel_ns: dict[str, int]   # kernel names no row of kernels.toml names → their time
     rules: dict[str, Any] = field(default_factory=dict)   # rule code → that rule's per-rank digest
     backward_pass: bool = True          # RankTimeline.backward_pass: this rank trains
+    graph_kernel_ns: int = 0            # the part of kernel_ns a CUDA/HIP graph launch ran
+    graph_launches: int = 0             # graph launch calls behind them
 
 
 def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:
@@ -70,6 +72,10 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         int((tl.end_ns - tl.ts_ns)[tl.kernel].sum()), _time_by_name(tl, tl.kernel, _unknown_name),
         backward_pass=tl.backward_pass,
     )
+    kdur = (tl.end_ns - tl.ts_ns)[tl.kernel]
+    graph = np.asarray(tl.acts.column("graph").fill_null(False), bool)[tl.kernel]
+    digest.graph_kernel_ns = int(kdur[graph].sum())
+    digest.graph_launches = len(set(np.asarray(tl.correlation, dtype=object)[tl.kernel][graph].tolist()))
     return digest, runs
 
 

@@ -172,6 +172,12 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     unknown = _unknown_kernels_note(ranks)
     if unknown:
         run.notes.append(unknown)
+    graph_ns = sum(r.graph_kernel_ns for r in ranks)
+    if graph_ns:
+        run.notes.append(
+            f"{graph_ns / sum(r.kernel_ns for r in ranks):.1%} of GPU kernel time (summed kernel durations) ran "
+            f"inside CUDA/HIP graphs ({sum(r.graph_launches for r in ranks)} graph launches); each graph's kernels "
+            "belong to the op and step of the call that launched it")
     if outliers:
         kept = "kept in the means (--all-steps)" if opts.all_steps else "left out of the means (--all-steps keeps them)"
         run.notes.append(f"{len(outliers)} warm-up/teardown step(s) {kept}: " + "; ".join(

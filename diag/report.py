@@ -39,7 +39,10 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "workload": run.workload,
         "steps_excluded": [{"rank": rank, "step": step, "why": why} for rank, step, why in run.steps_excluded],
         "device": {"name": run.peak.part_name, "part": run.peak.part_key, "peak_tflops": run.peak.tflops,
-                   "dtype": run.peak.dtype, "dtype_mix": dict(run.peak.dtype_mix), "peak_source": run.peak.source},
+                   "dtype": run.peak.dtype, "dtype_mix": dict(run.peak.dtype_mix), "peak_source": run.peak.source,
+                   # share of summed kernel durations launched by CUDA/HIP graphs (additive)
+                   "graph_kernel_fraction": _ratio(sum(r.graph_kernel_ns for r in run.ranks),
+                                                   sum(r.kernel_ns for r in run.ranks))},
         "step_time_s": statistics.median(windows) if windows else None,
         "step_time_spread_s": {"min": min(windows), "median": statistics.median(windows), "max": max(windows)}
         if windows else None,
@@ -63,6 +66,10 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "flops_source": a.flops_source,
         "notes": run.notes,
     }
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -84,8 +84,8 @@ class RankTimeline:
     steps: Steps
     # Parallel columns over activities. `acts` holds those read from the store as they came
     # (read_rank: source, name, device, stream, ts, end, bytes (copies), correlation, launch_ts, launch_end,
-    # ext, launch_tid): rank_rows writes them out as they are, and Python reads them by index through
-    # the list properties below, made on first use.
+    # ext, launch_tid, graph: launched by a CUDA/HIP graph launch): rank_rows writes them out as they are,
+    # and Python reads them by index through the list properties below, made on first use.
     acts: pa.Table
     kernel: npt.NDArray[np.bool_]      # an SM kernel (source 'kernel'), not a copy-engine event
     kclass: npt.NDArray[np.object_]    # str: gemm | attention | comm | copy | memset | other
@@ -332,7 +332,10 @@ def _launching_ops(ops: pa.Table, tid: I64, ts: I64, end: I64, acts: pa.Table) -
 _ACTIVITIES = """
     WITH launch AS (
         SELECT correlation, min(ts_ns) AS ts, arg_min(ts_ns + dur_ns, ts_ns) AS "end",
-               arg_min(external_id, ts_ns) AS ext, arg_min(tid, ts_ns) AS tid
+               arg_min(external_id, ts_ns) AS ext, arg_min(tid, ts_ns) AS tid,
+               -- cudaGraphLaunch / cuGraphLaunch / hipGraphLaunch: CUPTI gives every kernel of the
+               -- graph the launch call's correlation id (Kineto draws the call's flow to them).
+               bool_or(name ILIKE '%GraphLaunch%') AS graph
         FROM runtime_calls WHERE file_id = $f AND correlation IS NOT NULL AND correlation <> 0
         GROUP BY correlation
     ), act AS (
@@ -345,7 +348,8 @@ _ACTIVITIES = """
     )
     SELECT act.source, act.name, act.device, act.stream, act.ts_ns AS ts, act.end_ns AS "end", act.bytes,
            act.correlation, launch.ts AS launch_ts, launch."end" AS launch_end,
-           coalesce(nullif(act.external_id, 0), launch.ext) AS ext, launch.tid AS launch_tid
+           coalesce(nullif(act.external_id, 0), launch.ext) AS ext, launch.tid AS launch_tid,
+           coalesce(launch.graph, false) AS graph
     FROM act LEFT JOIN launch ON launch.correlation = act.correlation
     ORDER BY act.ts_ns, act.end_ns
 """
@@ -354,7 +358,7 @@ _ACTIVITIES = """
 _HOST_ACTIVITIES = """
     SELECT 'kernel' AS source, name, NULL::INTEGER AS device, tid AS stream, ts_ns AS ts, ts_ns + dur_ns AS "end",
            NULL::BIGINT AS bytes, NULL::BIGINT AS correlation, ts_ns AS launch_ts, NULL::BIGINT AS launch_end, external_id AS ext,
-           tid AS launch_tid
+           tid AS launch_tid, false AS graph
     FROM cpu_ops
     WHERE file_id = ? AND ((cat = 'cpu_op' AND name LIKE 'aten::%') OR name LIKE 'gloo:%')
     ORDER BY ts_ns, ts_ns + dur_ns
