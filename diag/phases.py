@@ -4,7 +4,8 @@ Phases: `forward`, `backward`, `recompute`, `optimizer`, `dataloader`, `other`.
 
 - backward: inside an `autograd::engine::evaluate_function: ...` span (the autograd engine runs
   every node under one; on the CPU it uses the calling thread, on CUDA its own thread), or a
-  top-level op on another thread that carries `Fwd thread id`.
+  top-level op that carries a nonzero `Fwd thread id` (forward ops with grad enabled carry 0, so
+  a forward outside any ProfilerStep span stays forward-side: `other`, not backward).
 - recompute: a *forward* op executed again inside the backward pass by activation
   checkpointing. Inside a backward span, an op is recompute when it is a forward-only op (one no
   derivative formula calls: linear, addmm, the attention forwards, conv, norms, embedding) or

@@ -196,7 +196,8 @@ def build_rank(rows: RankRows) -> RankTimeline:
     ops, frames = _split_frames(rows.ops)
     op_tid, op_ts, op_end = (_ints(ops.column(k)) for k in ("tid", "ts", "end"))
     codes, distinct = name_codes(ops.column("name"))
-    phases = assign_phases(op_tid, op_end, codes, distinct, _valid(ops.column("fwd_tid")))
+    # Forward ops record `Fwd thread id` 0, the autograd engine's its forward thread's (1, 2, ...).
+    phases = assign_phases(op_tid, op_end, codes, distinct, _ints(ops.column("fwd_tid")) > 0)
     ts, end = _ints(acts.column("ts")), _ints(acts.column("end"))
     kernel, kclass, collective = _classes(acts, rows.host)
     op_idx = _launching_ops(ops, op_tid, op_ts, op_end, acts)

@@ -24,25 +24,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cpu_captures")]
 FORWARD_FLOPS = 2 * 32 * 64 * 128 + 2 * 32 * 128 * 64
 ACTIVE_STEPS = 3
 
+# mode: train (forward, backward, optimizer), infer (under no_grad), or grad (forward with grad
+# enabled and nothing after it, no schedule: no ProfilerStep spans, forward ops at the top level).
 _CAPTURE = textwrap.dedent("""
     import sys, torch
-    out, stack, train = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+    out, stack, mode = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(32, 64)
+    schedule = None if mode == "grad" else torch.profiler.schedule(wait=0, warmup=1, active=3)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
-                                with_stack=stack, schedule=torch.profiler.schedule(wait=0, warmup=1, active=3),
+                                with_stack=stack, schedule=schedule,
                                 on_trace_ready=lambda p: p.export_chrome_trace(out)) as prof:
         for _ in range(4):
-            if train:
+            if mode == "train":
                 model(x).sum().backward()
                 opt.step()
                 opt.zero_grad()
-            else:
+            elif mode == "infer":
                 with torch.no_grad():
                     model(x)
-            prof.step()
+            else:
+                model(x)
+            if schedule is not None:
+                prof.step()
 """)
 
 
@@ -53,11 +59,12 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     script = d / "capture.py"
     script.write_text(_CAPTURE)
     out = {}
-    for name, stack, train in (("stack", 1, 1), ("plain", 0, 1), ("inference", 1, 0)):
+    for name, stack, mode in (("stack", 1, "train"), ("plain", 0, "train"), ("inference", 1, "infer"),
+                              ("grad", 0, "grad")):
         # rank-0 in the name: a lone process's file is rank 0 either way.
         path = d / name / "rank-0.json"
         path.parent.mkdir()
-        subprocess.run([sys.executable, str(script), str(path), str(stack), str(train)], check=True,
+        subprocess.run([sys.executable, str(script), str(path), str(stack), mode], check=True,
                        capture_output=True, timeout=300)
         out[name] = path
     return out
@@ -92,7 +99,8 @@ def test_python_frames_change_no_phase_or_flops(captures: dict[str, Path]) -> No
 def test_a_capture_without_backward_is_inference(captures: dict[str, Path]) -> None:
     from diag.api import analyze_path
 
-    for name, workload in (("stack", "training"), ("plain", "training"), ("inference", "inference")):
+    for name, workload in (("stack", "training"), ("plain", "training"), ("inference", "inference"),
+                           ("grad", "inference")):
         _, report = analyze_path(str(captures[name]), None, warn=False)
         assert report["workload"] == workload, name
     tl = _timeline(captures["inference"])
