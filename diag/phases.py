@@ -15,6 +15,9 @@ Phases: `forward`, `backward`, `recompute`, `optimizer`, `dataloader`, `other`.
 - optimizer: under `Optimizer.step#...` / `Optimizer.zero_grad#...`.
 - dataloader: under `enumerate(DataLoader)#...`.
 - forward: any other op inside a `ProfilerStep#N` span.
+
+The ops are CPU ops and annotations only: Python frames (`python_function`, with_stack=True) wrap
+the step spans and are left out by the caller (timeline.py `_CPU_OPS`).
 """
 
 from __future__ import annotations
