@@ -65,17 +65,16 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
     states, runs, waitable = rank_states(tl)
     matmul = np.isin(tl.kclass, list(MATMUL_CLASSES))
     dur = tl.end_ns[matmul] - tl.ts_ns[matmul]
+    kernel_dur = (tl.end_ns - tl.ts_ns)[tl.kernel]
+    graph = np.asarray(tl.acts.column("graph").fill_null(False), bool)[tl.kernel]
     digest = RankDigest(
         tl.file_id, tl.rank, tl.capture_window, tl.world_size, tl.device_props, tl.gpus_per_node,
         tl.host_timeline, tl.steps, calls, states, waitable, exposed_comm_ns(tl), _gemm_dtype_flops(tl),
         int(dur.sum()), int(dur[tl.flops[matmul] > 0].sum()), _time_by_name(tl, matmul, _name_dtype),
-        int((tl.end_ns - tl.ts_ns)[tl.kernel].sum()), _time_by_name(tl, tl.kernel, _unknown_name),
-        backward_pass=tl.backward_pass,
+        int(kernel_dur.sum()), _time_by_name(tl, tl.kernel, _unknown_name), backward_pass=tl.backward_pass,
+        graph_kernel_ns=int(kernel_dur[graph].sum()),
+        graph_launches=len(set(np.asarray(tl.correlation, dtype=object)[tl.kernel][graph].tolist())),
     )
-    kdur = (tl.end_ns - tl.ts_ns)[tl.kernel]
-    graph = np.asarray(tl.acts.column("graph").fill_null(False), bool)[tl.kernel]
-    digest.graph_kernel_ns = int(kdur[graph].sum())
-    digest.graph_launches = len(set(np.asarray(tl.correlation, dtype=object)[tl.kernel][graph].tolist()))
     return digest, runs
 
 

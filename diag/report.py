@@ -120,12 +120,12 @@ def _header(r: dict[str, Any]) -> list[str]:
     st = r["step_time_s"]
     traced = len(r["ranks"])
     ranks = f"{traced} ranks" if traced == r["world_size"] else f"{traced} of {r['world_size']} ranks traced"
-    spread = r.get("step_time_spread_s")
-    over = "" if not spread or len(r.get("ledger_by_step") or {}) * traced < 2 else \
-        f" (median; min {duration(spread['min'])}, max {duration(spread['max'])})"
+    spread = r.get("step_time_spread_s")   # absent from reports of earlier versions (gate baselines)
+    over = f"median; min {duration(spread['min'])}, max {duration(spread['max'])}" \
+        if spread and spread["min"] < spread["max"] else "median"
     lines = [
         f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {d['name'] or 'unknown GPU'} · {peak}",
-        f"step time {duration(st)}{over or ' (median)'}   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}{_bf16(r)}"
+        f"step time {duration(st)} ({over})   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}{_bf16(r)}"
         if st is not None else "no steps",
     ]
     excluded = r.get("steps_excluded") or []
