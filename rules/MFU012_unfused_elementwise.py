@@ -67,7 +67,7 @@ class UnfusedElementwise(Rule[Params]):
 
     What to do: `torch.compile` the model (Inductor fuses elementwise chains), fused norms
     (Apex/Transformer Engine `FusedLayerNorm`/`RMSNorm`, fused add+norm), fused optimizers
-    (`torch.optim.AdamW(fused=True)`), fused bias+activation GEMM epilogues.
+    (`torch.optim.AdamW(fused=True)`; not in inference), fused bias+activation GEMM epilogues.
     """
 
     code = "MFU012"
@@ -145,8 +145,9 @@ class UnfusedElementwise(Rule[Params]):
             summary += (f"; {sum(c.count for c in chains.values())} chains of short memory-bound kernels "
                         f"({chain_s * 1e3 / max(len(run.ledgers), 1):.2f} ms per rank-step), {recoverable:.1%} "
                         f"recoverable by fusing them; largest: {len(worst[0])} kernels ×{chains[worst[0]].count}")
+        optimizer = "" if run.inference else "AdamW(fused=True), "   # inference runs no optimizer
         advice = ("fuse memory-bound chains: torch.compile, fused add+norm (Apex/Transformer Engine), "
-                  "AdamW(fused=True), fused bias+activation epilogues")
+                  f"{optimizer}fused bias+activation epilogues")
         return [Finding(
             self.code, self.slug, severity(recoverable * 100), frac, run.mean_seconds("non_matmul"),
             *run.involved("non_matmul", 0.0), [e for k in worst for e in chains[k].evidence], advice, summary,
