@@ -240,7 +240,7 @@ def test_ledger_sums_to_each_step(run: Run) -> None:
         compute = sum(buckets[k] for k in ("model_compute", "recompute", "thin_gemm", "gemm_inefficiency", "non_matmul"))
         assert compute == pytest.approx(st["state_ns"]["compute"] / 1e9, abs=1e-12)
         assert buckets["memcpy"] == pytest.approx(st["state_ns"]["copy"] / 1e9, abs=1e-12)
-    kept = [st for st in steps if st["excluded"] is None]   # warm-up and teardown are not in the MFU
+    kept = analyzed(run)   # warm-up and teardown are not in the MFU
     mfu = sum(st["ledger_s"]["model_compute"] / ((st["window_end_ns"] - st["window_start_ns"]) / 1e9)
               for st in kept) / len(kept)
     assert run.truth["mfu"] == pytest.approx(mfu, rel=1e-12)
@@ -347,14 +347,19 @@ def test_send_recv_pairs_end_together(run: Run) -> None:
 
 # ---- expected findings agree with the truth ---------------------------------------------------------------
 
+def analyzed(run: Run) -> list[dict[str, Any]]:
+    """The truth's steps that go into the means: warm-up and teardown steps left out, as diag does."""
+    return [st for r in run.truth["ranks"] for st in r["steps"] if st["excluded"] is None]
+
+
 def mean_fraction(run: Run, bucket: str) -> float:
-    steps = [st for r in run.truth["ranks"] for st in r["steps"]]
+    steps = analyzed(run)
     return sum(st["ledger_fraction"][bucket] for st in steps) / len(steps)
 
 
 def roofline_ratio(run: Run) -> float:
     """Non-matmul time over the time its bytes need at 3,350 GB/s (MFU008's evidence)."""
-    steps = [st for r in run.truth["ranks"] for st in r["steps"]]
+    steps = analyzed(run)
     return sum(st["ledger_s"]["non_matmul"] for st in steps) / sum(st["nonmatmul_roofline_s"] for st in steps)
 
 
