@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from diag.errors import BadInput, ExitCode
+from diag.errors import BadInput, ExitCode, require
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -466,6 +466,7 @@ def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_capture_command(args: argparse.Namespace) -> int:
+    require("torch", "capture", "capture")
     command = list(args.argv)
     if command[:1] == ["--"]:
         command = command[1:]

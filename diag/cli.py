@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from diag import __version__
 from diag.errors import BadInput, ExitCode, printable
 
 Handler = Callable[[argparse.Namespace], int]
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diag", description="Where did the MFU go? Attribution of every step's time, by cause."
     )
+    parser.add_argument("--version", action="version", version=f"diag {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_ingest(sub)
     for register in _optional_commands():
@@ -94,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except BadInput as e:
-        print(f"diag: {e.one_line()}", file=sys.stderr)
+        print(e.message(), file=sys.stderr)
         return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         return 130

@@ -83,15 +83,24 @@ def _register_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 def _run_demo(args: argparse.Namespace) -> int:
     """The fixture generator's `demo` case: exposed all-reduce, a straggler (rank 5) and a slow
-    data loader, on 8 H100 SXM ranks, with the model.toml that describes it."""
+    data loader, on 8 H100 SXM ranks, with the model.toml that describes it. The run is generated
+    into a temporary directory removed at the end, unless --out keeps it."""
     import tempfile
 
+    if args.out:
+        return _demo(Path(args.out), args)
+    with tempfile.TemporaryDirectory(prefix="diag-demo-") as tmp:
+        return _demo(Path(tmp), args)
+
+
+def _demo(out: Path, args: argparse.Namespace) -> int:
     from fixtures.generate import generate
 
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="diag-demo-"))
     truth = generate("demo", out)
-    print(f"diag demo: {truth.world_size} ranks × {truth.steps} steps written to {out}", file=sys.stderr)
-    if not args.no_tui:
+    where = str(out) if args.out else "a temporary directory (removed at the end; --out DIR keeps it)"
+    print(f"diag demo: {truth.world_size} ranks × {truth.steps} steps written to {where}", file=sys.stderr)
+    # Nobody can see a UI without a terminal on both ends (a pipe, a CI log, `</dev/null`): print instead.
+    if not args.no_tui and has_terminal():
         from diag.engine import AnalyzeOptions
         from diag.ingest.pipeline import IngestOptions
         from tui.app import DiagApp
@@ -104,6 +113,11 @@ def _run_demo(args: argparse.Namespace) -> int:
     _, report = analyze_path(str(out))
     sys.stdout.write(render(report, args.format))
     return ExitCode.OK
+
+
+def has_terminal() -> bool:
+    """Both stdin and stdout are a terminal: a Textual UI can be seen and driven."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
 
 
 def _register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -33,6 +33,10 @@ class BadInput(Exception):
         reason = " ".join(self.reason.split())
         return f"{printable(self.path)}: {reason}{where}"
 
+    def message(self) -> str:
+        """What the CLI prints on stderr."""
+        return f"diag: {self.one_line()}"
+
 
 def printable(path: str) -> str:
     """A path as one line of UTF-8 text. A file name's bytes that are not UTF-8 (which Python keeps
@@ -40,3 +44,28 @@ def printable(path: str) -> str:
     characters (a newline in a name would split a one-line message) as their escapes."""
     text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+class MissingExtra(BadInput):
+    """A command whose optional dependency is not installed: says which extra brings it."""
+
+    def __init__(self, command: str, package: str, extra: str) -> None:
+        self.command, self.package, self.extra = command, package, extra
+        super().__init__(f"diag {command}", f"needs {package}: pip install -e '.[{extra}]'")
+
+    def __reduce__(self) -> tuple[type[MissingExtra], tuple[str, str, str]]:  # type: ignore[override]
+        return (MissingExtra, (self.command, self.package, self.extra))
+
+    def one_line(self) -> str:
+        return f"{self.path} {self.reason}"
+
+    def message(self) -> str:
+        return self.one_line()   # already starts with "diag"
+
+
+def require(package: str, command: str, extra: str) -> None:
+    """Before any work: the command's optional dependency is importable, else MissingExtra."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise MissingExtra(command, package, extra)

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from diag import __version__
 from diag.durations import duration
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
@@ -32,6 +33,7 @@ def build_report(a: Analysis) -> dict[str, Any]:
     worst = min(by_rank, key=lambda r: (_mean(by_rank[r])["model_compute"], -rank_time[r])) if by_rank else None
     return {
         "schema": SCHEMA,
+        "diag_version": __version__,
         "world_size": run.world_size,
         "ranks": sorted(by_rank),
         "steps": len(by_step),

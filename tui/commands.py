@@ -37,6 +37,14 @@ def register_live(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.set_defaults(handler=_run_live)
 
 
+def _need_terminal(command: str) -> None:
+    from diag.commands import has_terminal
+
+    if not has_terminal():
+        raise BadInput(f"diag {command}", "needs a terminal on stdin and stdout for its UI; "
+                                          "`diag analyze PATH` prints the report instead")
+
+
 def _options(args: argparse.Namespace) -> tuple[object, object]:
     from diag.cli import ingest_options
     from diag.commands import analyze_options
@@ -52,6 +60,7 @@ def _run_tui(args: argparse.Namespace) -> int:
 
     if not Path(args.path).exists():
         raise BadInput(args.path, "no such file or directory")
+    _need_terminal("tui")
     opts, iopts = _options(args)
     assert isinstance(opts, AnalyzeOptions) and isinstance(iopts, IngestOptions)
     app = DiagApp(PostMortem(args.path, args.db, opts, iopts), theme=THEMES[args.theme])
@@ -68,6 +77,7 @@ def _run_live(args: argparse.Namespace) -> int:
         what = "not a directory" if Path(args.dir).exists() else "no such directory"
         raise BadInput(args.dir, f"{what}: diag live follows the directory the profiler writes into "
                                  "(create it, or start diag live once the job has)")
+    _need_terminal("live")
     opts, iopts = _options(args)
     assert isinstance(opts, AnalyzeOptions) and isinstance(iopts, IngestOptions)
     app = DiagApp(Live(args.dir, args.db, opts, iopts, idle_s=args.idle), poll_s=args.poll,

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from diag.capture import flight_recorder_env, prepare_out_dir
-from diag.errors import ExitCode
+from diag.errors import ExitCode, require
 
 RECOMPUTE_CHOICES = ("none", "full", "selective")
 
@@ -184,6 +184,7 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_example_command(args: argparse.Namespace) -> int:
+    require("torch", "example", "capture")
     config = ExampleConfig.from_args(args)
     try:
         out = run_example(args.out, nproc=args.nproc, **asdict(config))
