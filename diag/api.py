@@ -13,10 +13,11 @@ import duckdb
 from diag import store
 from diag.digest import RankDigest
 from diag.engine import Analysis, AnalyzeOptions, analyze
-from diag.errors import BadInput
+from diag.errors import BadInput, printable
 from diag.executor import Executor, make_executor
 from diag.ingest.discover import require_paths
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.pipeline import IngestOptions, IngestResult, ingest
+from diag.progress import Bars, Progress, terminal_progress
 from diag.report import build_report
 
 _DUCKDB_MAGIC = b"DUCK"
@@ -34,25 +35,51 @@ def is_duckdb_file(path: str | Path) -> bool:
 @dataclass
 class Opened:
     con: duckdb.DuckDBPyConnection
-    errors: list[BadInput] = field(default_factory=list)
+    errors: list[BadInput] = field(default_factory=list)   # files left out
     model_file: str | None = None      # model.toml found beside the traces
-    warnings: list[str] = field(default_factory=list)   # for the user whatever the command (ingest's `ambiguous`)
+    warnings: list[str] = field(default_factory=list)   # for the user whatever the command
+
+
+# discover.py's names, as a user would type them.
+LOOKED_FOR = "*.json, *.json.gz, *.pt.trace.json[.gz]"
+
+
+def ingest_paths(paths: list[str], con: duckdb.DuckDBPyConnection, opts: IngestOptions = IngestOptions(),
+                 progress: Progress | None = None) -> IngestResult:
+    """PATHS ingested into `con`: what `diag ingest` and every analyzing command share. A file that
+    cannot be read is left out while the store holds Kineto traces; with none, the first such
+    file (or, with none at all, that none was found) is the error."""
+    result = ingest(paths, con, opts, progress=progress)
+    if not con.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchall()[0][0]:
+        if result.errors:
+            raise result.errors[0]
+        raise BadInput(", ".join(paths), f"no Kineto traces found (looked for {LOOKED_FOR})")
+    return result
+
+
+def print_warnings(errors: list[BadInput], warnings: list[str]) -> None:
+    """On stderr, alike for every command: `diag: warning: …`, one line each."""
+    for w in warnings:
+        print(f"diag: warning: {printable(w)}", file=sys.stderr)
+    for e in errors:
+        print(f"diag: warning: {e.one_line()}; left out, the other files read", file=sys.stderr)
 
 
 def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOptions(),
-               progress: Any = None) -> Opened:
+               progress: Progress | None = None) -> Opened:
     """A store holding PATH: the DuckDB file itself, or PATH's traces ingested into `db`
     (in memory when None). Files that cannot be read are returned, not raised, unless none can."""
     if is_duckdb_file(path):
         return Opened(store.connect(path))
     require_paths([path])   # before the store: a missing trace creates no --db file
     con = store.connect(db)
-    result = ingest([path], con, ingest_opts, progress=progress)
-    n = con.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchall()[0]
-    if result.errors and not (n and n[0]):
-        raise result.errors[0]
+    try:
+        result = ingest_paths([path], con, ingest_opts, progress)
+    except BaseException:
+        con.close()
+        raise
     model = Path(path) / "model.toml" if Path(path).is_dir() else Path(path).parent / "model.toml"
-    return Opened(con, result.errors, str(model) if model.is_file() else None, result.ambiguous)
+    return Opened(con, result.errors, str(model) if model.is_file() else None, result.warnings)
 
 
 def _ingest_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -76,34 +103,36 @@ def _ingest_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(),
-                 ingest_opts: IngestOptions = IngestOptions(), warn: bool = True) -> tuple[Analysis, dict[str, Any]]:
+                 ingest_opts: IngestOptions = IngestOptions(), warn: bool = True,
+                 progress: bool = False) -> tuple[Analysis, dict[str, Any]]:
+    """PATH ingested and analyzed, the files left out said on stderr; with `progress`, bars for
+    both on a terminal (diag/progress.py)."""
     # --executor ray: one Ray for the parse and the analysis map (the ingest joins it). The local
     # executor maps in this process: on one machine the export to the workers costs what it saves.
-    with make_executor("ray", ingest_opts.jobs) if ingest_opts.executor == "ray" else nullcontext() as executor:
-        opened = open_store(path, db, ingest_opts)
+    with make_executor("ray", ingest_opts.jobs) if ingest_opts.executor == "ray" else nullcontext() as executor, \
+            terminal_progress() if progress else nullcontext(Bars(None)) as bars:
+        opened = open_store(path, db, ingest_opts, bars.task("ingest"))
         if warn:
-            for e in opened.errors:
-                print(f"diag: warning: {e.one_line()}; analyzing the other files", file=sys.stderr)
-            for w in opened.warnings:
-                print(f"diag: warning: {w}", file=sys.stderr)
+            print_warnings(opened.errors, opened.warnings)
         try:
             return analyze_opened(opened.con, opts, opened.model_file, len(opened.errors),
-                                  executor=executor, spill_dir=ingest_opts.spill_dir)
+                                  executor=executor, spill_dir=ingest_opts.spill_dir, progress=bars.task("ranks"))
         finally:
             opened.con.close()
 
 
 def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None = None,
                    unreadable: int = 0, cache: dict[int, RankDigest] | None = None,
-                   executor: Executor[Any] | None = None, spill_dir: str | None = None) -> tuple[Analysis, dict[str, Any]]:
+                   executor: Executor[Any] | None = None, spill_dir: str | None = None,
+                   progress: Progress | None = None) -> tuple[Analysis, dict[str, Any]]:
     """Rebuild the analysis tables and the report (engine.analyze: readers on other cursors see
     the old run tables or the new ones, never a mix); the connection stays open. `cache`: see
     engine.analyze (kept by the caller across analyses of this store with the same options), as
-    `executor` and `spill_dir` (where the map runs)."""
+    `executor` and `spill_dir` (where the map runs), and `progress` (called per rank file mapped)."""
     if opts.model is None and model_file:
         opts = replace(opts, model=model_file)
     try:
-        a = analyze(con, opts, cache, executor, spill_dir)
+        a = analyze(con, opts, cache, executor, spill_dir, progress)
     except BaseException:
         if cache is not None:
             cache.clear()   # whatever failed, the next analysis starts over: every file mapped again

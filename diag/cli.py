@@ -1,36 +1,57 @@
-"""`diag` command line. stdout is data, stderr is diagnostics; exit codes are `ExitCode`."""
+"""`diag` command line: the one place that builds the parser, registers every command and holds
+the options commands share. stdout is data, stderr is diagnostics; exit codes are `ExitCode`.
+
+Imports flow one way: this module imports the commands (diag/commands.py, tui/commands.py and the
+modules whose switches a second program parses too: mfu, capture, example); nothing imports it.
+Every option value is checked while parsing (diag/option_types.py): a bad one is one line naming
+the option and the value, exit 2, before any work starts.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
-from diag import __version__
-from diag.errors import BadInput, ExitCode, printable
+from diag import __version__, commands
+from diag.capture import add_capture_arguments, run_capture_command
+from diag.errors import BadInput, ExitCode
+from diag.example import add_example_arguments, run_example_command
+from diag.ingest.source import DEFAULT_MAX_BYTES
+from diag.mfu import add_mfu_arguments, run_mfu
+from diag.option_types import NEGATIVE_NUMBER, non_negative_int, positive_float, positive_int
+from tui import commands as ui
 
-Handler = Callable[[argparse.Namespace], int]
+Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+FORMATS = ("text", "json", "markdown")
 
 
-def _add_ingest(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("ingest", help="ingest Kineto traces (and NCCL-side dumps) into a DuckDB file")
-    p.add_argument("paths", nargs="+", help="trace files or directories (searched recursively)")
-    p.add_argument("--db", required=True, help="DuckDB file to create or add to")
-    add_ingest_options(p)
-    p.set_defaults(handler=_run_ingest)
+class DiagParser(argparse.ArgumentParser):
+    """argparse, with the CLI contract's errors: one line on stderr, exit 2."""
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --jobs: must be …" → "diag analyze: --jobs: must be …"
+        self.exit(ExitCode.BAD_INPUT, f"{self.prog}: {message.removeprefix('argument ')}\n")
+
+
+# ------------------------------------------------------------------------------ shared options
 
 def add_ingest_options(p: argparse.ArgumentParser) -> None:
-    from diag.ingest.source import DEFAULT_MAX_BYTES
-
+    """What every command that reads traces takes: how to read them."""
     p.add_argument("--salvage", action="store_true",
                    help="keep the complete events before damage in a truncated/corrupt file (marked partial)")
-    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
+    p.add_argument("--max-bytes", type=positive_int, default=DEFAULT_MAX_BYTES,
                    help=f"refuse files that decompress beyond this many bytes (default {DEFAULT_MAX_BYTES})")
-    p.add_argument("--rank", type=int, default=None,
+    p.add_argument("--rank", type=non_negative_int, default=None,
                    help="rank of a single file whose trace and name carry none")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="parallel parse workers (default: one per core; with --executor ray, the cluster's CPUs)")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="parallel parse workers, ≥ 1 (default: one per core; with --executor ray, the cluster's CPUs)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where parse workers run: local processes, or Ray tasks on the cluster RAY_ADDRESS names "
                         "(else a local Ray); with ray, analyze maps each rank's timeline on Ray too")
@@ -39,61 +60,136 @@ def add_ingest_options(p: argparse.ArgumentParser) -> None:
                         "with Ray on several machines, storage every node mounts at the same path")
 
 
-def ingest_options(args: argparse.Namespace) -> object:
-    from diag.ingest.pipeline import IngestOptions
-
-    return IngestOptions(salvage=args.salvage, max_bytes=args.max_bytes, rank=args.rank, jobs=args.jobs,
-                         executor=args.executor, spill_dir=args.spill_dir)
-
-
-def _run_ingest(args: argparse.Namespace) -> int:
-    from diag import store
-    from diag.ingest.discover import require_paths
-    from diag.ingest.pipeline import IngestOptions, ingest, print_progress_factory
-
-    opts = ingest_options(args)
-    assert isinstance(opts, IngestOptions)
-    require_paths(args.paths)   # before the store: a missing trace creates no --db file
-    con = store.connect(args.db)
-    result = ingest(args.paths, con, opts, progress=print_progress_factory())
-    for w in result.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    for s in result.skipped:
-        print(f"skipped: {printable(s.path)}: {s.reason}", file=sys.stderr)
-    for path, file_id in result.ingested:
-        n = con.execute("SELECT rank, n_events, kind FROM trace_files WHERE file_id = ?", [file_id]).fetchone()
-        assert n is not None
-        print(f"{printable(path)}\trank={n[0]}\tevents={n[1]}\tkind={n[2]}")
-    # Each file is its own unit: a bad one is a warning while others made it in (now or before).
-    usable = result.ingested or any(s.duplicate for s in result.skipped)
-    for e in result.errors:
-        print(f"diag: {'warning: ' if usable else ''}{e.one_line()}", file=sys.stderr)
-    con.close()
-    return ExitCode.BAD_INPUT if result.errors and not usable else ExitCode.OK
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """What every command that analyzes takes: the store, the model and the peak (DESIGN.md contract)."""
+    p.add_argument("--db", default=None, help="DuckDB file to ingest into and keep (default: in memory)")
+    p.add_argument("--model", default=None,
+                   help="llama3-8b | llama3-70b | llama3-405b | FILE.toml (default: model.toml beside the traces, "
+                        "else FLOPs inferred from the trace); a preset needs --tokens-per-step")
+    p.add_argument("--gpu", default=None,
+                   help="hardware part as you would say it: h100, H100-SXM, h100-pcie, h200, a100, b200, or the "
+                        "trace's own device name ('NVIDIA H100 80GB HBM3')")
+    p.add_argument("--peak-tflops", type=positive_float, default=None,
+                   help="override the dense peak, > 0 (still checked against 'with sparsity' figures)")
+    p.add_argument("--tokens-per-step", type=positive_float, default=None,
+                   help="global tokens per optimizer step, > 0 (what a --model preset needs for MFU)")
+    p.add_argument("--all-steps", action="store_true",
+                   help="keep warm-up and teardown steps in the means (left out and listed by default)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="diag", description="Where did the MFU go? Attribution of every step's time, by cause."
-    )
+def _add_report_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=FORMATS, default="text")
+
+
+def _add_ui_options(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    add_ingest_options(p)
+    p.add_argument("--theme", choices=tuple(ui.THEMES), default="dark", help="colours (T toggles them in the app)")
+
+
+# ------------------------------------------------------------------------------------ commands
+
+def _ingest(sub: Subparsers) -> None:
+    p = sub.add_parser("ingest", help="ingest Kineto traces (and NCCL-side dumps) into a DuckDB file")
+    p.add_argument("paths", nargs="+", help="trace files or directories (searched recursively)")
+    p.add_argument("--db", required=True, help="DuckDB file to create or add to")
+    add_ingest_options(p)
+    p.set_defaults(handler=commands.run_ingest)
+
+
+def _analyze(sub: Subparsers) -> None:
+    p = sub.add_parser("analyze", help="ingest what is new, attribute every step, print the report")
+    p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
+    add_model_options(p)
+    add_ingest_options(p)
+    _add_report_options(p)
+    p.add_argument("--out", default=None, help="write the report here instead of stdout")
+    p.set_defaults(handler=commands.run_analyze)
+
+
+def _demo(sub: Subparsers) -> None:
+    p = sub.add_parser("demo", help="generate a small 8-rank H100 run with known causes, analyze it, open the UI")
+    p.add_argument("--out", default=None, help="keep the generated traces here (default: a temporary directory, "
+                                               "removed at the end)")
+    p.add_argument("--no-tui", action="store_true",
+                   help="print the report instead of opening the UI (the default without a terminal)")
+    _add_report_options(p)
+    p.set_defaults(handler=commands.run_demo)
+
+
+def _tui(sub: Subparsers) -> None:
+    p = sub.add_parser("tui", help="explore an analysis: overview, findings, rank heatmap, timeline, collectives")
+    p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
+    _add_ui_options(p)
+    p.set_defaults(handler=ui.run_tui)
+
+
+def _live(sub: Subparsers) -> None:
+    p = sub.add_parser("live", help="follow the directory a running job's profiler writes into")
+    p.add_argument("dir", help="the directory torch.profiler's trace handler writes into")
+    _add_ui_options(p)
+    p.add_argument("--poll", type=positive_float, default=0.4,
+                   help="seconds between looks at the directory, > 0 (default 0.4)")
+    p.add_argument("--idle", type=positive_float, default=60.0,
+                   help="seconds without a new file after which the run counts as ended, > 0 (default 60)")
+    p.set_defaults(handler=ui.run_live)
+
+
+def _gate(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "gate", help="exit 1 when CURRENT's attribution regresses against a baseline past a budget",
+        description="Compare CURRENT with --baseline BASE and fail (exit 1) when MFU, a ledger bucket or a "
+                    "rule's findings got worse beyond the budget and beyond the baseline's step-to-step noise. "
+                    "Exit 2: bad input. See docs/gate.md.")
+    p.add_argument("current", help="the new run: a diag.report/1 JSON (diag analyze --format json), a trace "
+                                   "directory, or a diag DuckDB file")
+    p.add_argument("--baseline", required=True, help="the reference run, in any of the same forms")
+    p.add_argument("--budget", default=None, help="budget TOML (default: 1 MFU point, 1 point per bucket, "
+                                                  "new findings at medium fail; see docs/gate.md)")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="compare runs of a different world size, model or device instead of refusing (exit 2)")
+    _add_report_options(p)
+    p.add_argument("--junit", default=None, metavar="FILE",
+                   help="also write a JUnit XML report: one test case per check")
+    add_model_options(p)
+    add_ingest_options(p)
+    p.set_defaults(handler=commands.run_gate)
+
+
+def _mfu(sub: Subparsers) -> None:
+    p = sub.add_parser("mfu", help="MFU from tokens/s (or tokens/s from MFU) for a model and GPU count")
+    add_mfu_arguments(p)
+    p.set_defaults(handler=run_mfu)
+
+
+def _capture(sub: Subparsers) -> None:
+    p = sub.add_parser("capture", help="run a training command with the profiler settings diag needs")
+    add_capture_arguments(p)
+    p.set_defaults(handler=run_capture_command)
+
+
+def _example(sub: Subparsers) -> None:
+    p = sub.add_parser("example", help="run the example GPT job (gloo on CPU, NCCL on GPUs), captured into --out")
+    add_example_arguments(p)
+    p.set_defaults(handler=run_example_command)
+
+
+COMMANDS = (_ingest, _analyze, _tui, _live, _gate, _mfu, _demo, _capture, _example)
+
+
+def build_parser() -> DiagParser:
+    parser = DiagParser(prog="diag", description="Where did the MFU go? Attribution of every step's time, by cause.")
     parser.add_argument("--version", action="version", version=f"diag {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_ingest(sub)
-    for register in _optional_commands():
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in COMMANDS:
         register(sub)
     return parser
 
 
-def _optional_commands() -> list[Callable[[argparse._SubParsersAction], None]]:  # type: ignore[type-arg]
-    from diag import commands
-
-    return list(commands.REGISTER)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
+        commands.resolve_gpu(args)
         return int(args.handler(args))
     except BadInput as e:
         print(e.message(), file=sys.stderr)
@@ -101,16 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # the contract: an internal error is exit 3 with one line, not a traceback
-        if _debug():
+        if os.environ.get("DIAG_DEBUG", "") not in ("", "0"):
             raise
         print(f"diag: internal error: {type(e).__name__}: {e} (set DIAG_DEBUG=1 for the traceback)", file=sys.stderr)
         return ExitCode.INTERNAL
-
-
-def _debug() -> bool:
-    import os
-
-    return os.environ.get("DIAG_DEBUG", "") not in ("", "0")
 
 
 if __name__ == "__main__":

@@ -1,92 +1,117 @@
-"""The subcommands beyond `ingest`, each registered from the module that implements it."""
+"""What `diag ingest | analyze | demo | gate` do with their parsed arguments (diag/cli.py parses them).
+
+Each handler takes the argparse namespace, does the work through the core (api, gate, report)
+and returns an `ExitCode`; bad input is raised as BadInput for cli.main to print as one line.
+Heavy modules are imported inside the handlers, so `diag --help` stays quick.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from diag.errors import ExitCode
+from diag.errors import BadInput, ExitCode, printable
 
-Register = Callable[[argparse._SubParsersAction], None]  # type: ignore[type-arg]
-
-
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    """The options analyze, tui, live and gate share (DESIGN.md contract)."""
-    p.add_argument("--db", default=None, help="DuckDB file to ingest into and keep (default: in memory)")
-    p.add_argument("--model", default=None,
-                   help="llama3-8b | llama3-70b | llama3-405b | FILE.toml (default: model.toml beside the traces, "
-                        "else FLOPs inferred from the trace)")
-    p.add_argument("--gpu", default=None, help="hardware part: h100-sxm, h100-pcie, h100-nvl, h200, a100, b200, ...")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="override the dense peak (still checked against 'with sparsity' figures)")
-    p.add_argument("--tokens-per-step", type=float, default=None,
-                   help="global tokens per optimizer step (what a --model preset needs for MFU)")
-    p.add_argument("--all-steps", action="store_true",
-                   help="keep warm-up and teardown steps in the means (left out and listed by default)")
+if TYPE_CHECKING:
+    from diag.engine import AnalyzeOptions
+    from diag.ingest.pipeline import IngestOptions
 
 
-def analyze_options(args: argparse.Namespace) -> object:
+# ----------------------------------------------------------------------------- shared options
+
+def resolve_gpu(args: argparse.Namespace) -> None:
+    """--gpu as typed (`h100`, `H100-SXM`, `NVIDIA H100 80GB HBM3`) → the part's key, before any work;
+    an ambiguous name's choice is said on stderr."""
+    if getattr(args, "gpu", None) is None:
+        return
+    from diag import hardware
+
+    try:
+        found = hardware.resolve_part(args.gpu)
+    except ValueError as e:
+        raise BadInput("--gpu", str(e)) from None
+    if found.note:
+        print(f"diag: note: {found.note}", file=sys.stderr)
+    args.gpu = found.part.key
+
+
+def analyze_options(args: argparse.Namespace) -> AnalyzeOptions:
+    """The model options, checked before any work: a model that loads, and one whose MFU can be
+    computed (a preset carries no tokens per step, and traces do not record it)."""
+    from diag import model
     from diag.engine import AnalyzeOptions
 
+    if args.model is not None and args.tokens_per_step is None:
+        spec = model.load_model(args.model)
+        if spec.tokens_per_step is None:
+            raise BadInput("--model", f"{args.model} gives no tokens per step, and the trace does not record it: "
+                                      "pass --tokens-per-step N (global tokens per optimizer step)")
     return AnalyzeOptions(model=args.model, gpu=args.gpu, peak_tflops=args.peak_tflops,
                           tokens_per_step=args.tokens_per_step, all_steps=args.all_steps)
 
 
-def _register_analyze(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from diag.cli import add_ingest_options
-
-    p = sub.add_parser("analyze", help="ingest what is new, attribute every step, print the report")
-    p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
-    add_model_options(p)
-    add_ingest_options(p)
-    p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    p.add_argument("--out", default=None, help="write the report here instead of stdout")
-    p.set_defaults(handler=_run_analyze)
-
-
-def _run_analyze(args: argparse.Namespace) -> int:
-    from diag.api import analyze_path
-    from diag.cli import ingest_options
-    from diag.engine import AnalyzeOptions
+def ingest_options(args: argparse.Namespace) -> IngestOptions:
     from diag.ingest.pipeline import IngestOptions
+
+    return IngestOptions(salvage=args.salvage, max_bytes=args.max_bytes, rank=args.rank, jobs=args.jobs,
+                         executor=args.executor, spill_dir=args.spill_dir)
+
+
+def has_terminal() -> bool:
+    """Both stdin and stdout are a terminal: a UI can be seen and driven."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+# ------------------------------------------------------------------------------------ ingest
+
+def run_ingest(args: argparse.Namespace) -> int:
+    from diag import store
+    from diag.api import ingest_paths, print_warnings
+    from diag.ingest.discover import require_paths
+    from diag.progress import terminal_progress
+
+    opts = ingest_options(args)
+    require_paths(args.paths)   # before the store: a missing trace creates no --db file
+    con = store.connect(args.db)
+    try:
+        with terminal_progress() as progress:
+            result = ingest_paths(args.paths, con, opts, progress.task("ingest"))
+        print_warnings(result.errors, result.warnings)
+        for s in result.skipped:
+            print(f"diag: skipped {printable(s.path)}: {s.reason}", file=sys.stderr)
+        for path, file_id in result.ingested:
+            n = con.execute("SELECT rank, n_events, kind FROM trace_files WHERE file_id = ?", [file_id]).fetchone()
+            assert n is not None
+            print(f"{printable(path)}\trank={n[0]}\tevents={n[1]}\tkind={n[2]}")
+    finally:
+        con.close()
+    return ExitCode.OK
+
+
+# ----------------------------------------------------------------------------------- analyze
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from diag.api import analyze_path
     from diag.report import render
 
-    opts = analyze_options(args)
-    iopts = ingest_options(args)
-    assert isinstance(opts, AnalyzeOptions) and isinstance(iopts, IngestOptions)
-    _, report = analyze_path(args.path, args.db, opts, iopts)
+    opts, iopts = analyze_options(args), ingest_options(args)
+    _, report = analyze_path(args.path, args.db, opts, iopts, progress=True)
     text = render(report, args.format)
     if args.out:
-        Path(args.out).write_text(text)
+        _write(args.out, text)
     else:
         sys.stdout.write(text)
     return ExitCode.OK
 
 
-def _register_mfu(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from diag.mfu import add_mfu_arguments, run_mfu
-
-    p = sub.add_parser("mfu", help="MFU from tokens/s (or tokens/s from MFU) for a model and GPU count")
-    add_mfu_arguments(p)
-    p.set_defaults(handler=run_mfu)
-
-
-def _register_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("demo", help="generate a small 8-rank H100 run with known causes, analyze it, open the UI")
-    p.add_argument("--out", default=None, help="keep the generated traces here (default: a temporary directory)")
-    p.add_argument("--no-tui", action="store_true", help="print the report instead of opening the UI")
-    p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    p.set_defaults(handler=_run_demo)
-
-
-def _run_demo(args: argparse.Namespace) -> int:
+def run_demo(args: argparse.Namespace) -> int:
     """The fixture generator's `demo` case: exposed all-reduce, a straggler (rank 5) and a slow
     data loader, on 8 H100 SXM ranks, with the model.toml that describes it. The run is generated
     into a temporary directory removed at the end, unless --out keeps it."""
-    import tempfile
-
     if args.out:
         return _demo(Path(args.out), args)
     with tempfile.TemporaryDirectory(prefix="diag-demo-") as tmp:
@@ -97,7 +122,7 @@ def _demo(out: Path, args: argparse.Namespace) -> int:
     from fixtures.generate import generate
 
     truth = generate("demo", out)
-    where = str(out) if args.out else "a temporary directory (removed at the end; --out DIR keeps it)"
+    where = printable(str(out)) if args.out else "a temporary directory (removed at the end; --out DIR keeps it)"
     print(f"diag demo: {truth.world_size} ranks × {truth.steps} steps written to {where}", file=sys.stderr)
     # Nobody can see a UI without a terminal on both ends (a pipe, a CI log, `</dev/null`): print instead.
     if not args.no_tui and has_terminal():
@@ -115,41 +140,44 @@ def _demo(out: Path, args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def has_terminal() -> bool:
-    """Both stdin and stdout are a terminal: a Textual UI can be seen and driven."""
-    return sys.stdin.isatty() and sys.stdout.isatty()
+# -------------------------------------------------------------------------------------- gate
+
+def run_gate(args: argparse.Namespace) -> int:
+    from diag import gate, gate_output
+
+    github = os.environ.get("GITHUB_ACTIONS") == "true"
+    try:
+        budget = gate.load_budget(args.budget)
+        opts, iopts = analyze_options(args), ingest_options(args)
+        base = gate.load_run(args.baseline, opts, iopts)
+        cur = gate.load_run(args.current, opts, iopts, args.db)   # --db keeps the current run's store for `diag tui`
+        found = tuple(gate.mismatches(base.report, cur.report))
+        if found and not args.allow_mismatch:
+            raise BadInput(cur.path, f"not comparable with the baseline {base.path}: {'; '.join(found)}; "
+                                     "pass --allow-mismatch to compare anyway")
+        result = gate.compare(base, cur, budget, found)
+    except BadInput as e:
+        # CI still gets its annotation and its JUnit error before the one line on stderr (cli.main).
+        if github:
+            print(gate_output.annotation("error", "diag gate: bad input", e.one_line()), file=sys.stderr)
+        if args.junit:
+            _write(args.junit, gate_output.render_junit_error(e))
+        raise
+    sys.stdout.write(gate_output.render(result, args.format))
+    if args.junit:
+        _write(args.junit, gate_output.render_junit(result))
+    if github:
+        for line in gate_output.github_annotations(result):
+            print(line, file=sys.stderr)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            _write(summary, gate_output.render_markdown(result), append=True)
+    return ExitCode.GATE_FAILED if result.failed else ExitCode.OK
 
 
-def _register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from diag.gate import register_gate
-
-    register_gate(sub)
-
-
-def _register_capture(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from diag.capture import add_capture_arguments, run_capture_command
-
-    p = sub.add_parser("capture", help="run a training command with the profiler settings diag needs")
-    add_capture_arguments(p)
-    p.set_defaults(handler=run_capture_command)
-
-
-def _register_example(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from diag.example import add_example_arguments, run_example_command
-
-    p = sub.add_parser("example", help="run the example GPT job (gloo on CPU, NCCL on GPUs), captured into --out")
-    add_example_arguments(p)
-    p.set_defaults(handler=run_example_command)
-
-
-def _register_ui(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    # The UI registers its own commands; Textual is imported only when one of them runs.
-    from tui.commands import register_live, register_tui
-
-    register_tui(sub)
-    register_live(sub)
-
-
-REGISTER: tuple[Register, ...] = (
-    _register_analyze, _register_demo, _register_mfu, _register_gate, _register_capture, _register_example, _register_ui,
-)
+def _write(path: str, text: str, append: bool = False) -> None:
+    try:
+        with open(path, "a" if append else "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise BadInput(path, f"cannot write: {e.strerror or e}") from e

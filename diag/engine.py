@@ -23,6 +23,7 @@ from diag.errors import BadInput
 from diag.executor import Executor
 from diag.ingest.ranks import check_one_run, rank_notes
 from diag.ledger import StepLedger
+from diag.progress import Progress
 from diag.states import I64, StepStates, covered_ns, with_waits
 from diag.step_outliers import excluded_steps
 from diag.timeline import RankTimeline, load_rank, load_ranks, rank_files
@@ -49,16 +50,17 @@ class Analysis:
 
 def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOptions(),
             cache: dict[int, RankDigest] | None = None, executor: Executor[Any] | None = None,
-            spill_dir: str | None = None) -> Analysis:
+            spill_dir: str | None = None, progress: Progress | None = None) -> Analysis:
     """Map each trace file to its digest (writing its rows of rank_tables.sql), then reduce.
 
     `cache` (file_id → digest) carries the map step's work from one analysis of this store to the
     next with the same options: live mode re-maps only the files that are new. Empty or None: every
     file is mapped and the per-file tables are rebuilt. With an `executor`, the map runs there
-    (diag/rank_map.py: each file's rows go by Parquet under `spill_dir`); else in this process."""
+    (diag/rank_map.py: each file's rows go by Parquet under `spill_dir`); else in this process.
+    `progress` is called after each file mapped (diag/progress.py)."""
     files = rank_files(con)
     if not files:
-        raise BadInput(str(con), "no Kineto traces in the store: ingest some first")
+        raise BadInput(store.name(con), "no Kineto traces in the store: ingest some first")
     check_one_run(con)
     spec = model_mod.load_model(opts.model) if opts.model else None
     if spec is not None and opts.tokens_per_step:
@@ -77,10 +79,12 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     # closing: a failure ends the map's reading thread and connection (or its calls elsewhere and
     # their exports) at once, not when the traceback is dropped.
     with closing(mapped):
-        for f, (digest, rows) in zip(todo, mapped, strict=True):
+        for i, (f, (digest, rows)) in enumerate(zip(todo, mapped, strict=True)):
             with store.transaction(con):
                 tables.insert_rank_rows(con, rows)
             cache[f] = digest
+            if progress:
+                progress(i + 1, len(todo), f"rank {digest.rank}")
     # The run's tables change at once: a reader (the TUI) sees the old ones or the new.
     with store.transaction(con):
         return _reduce(con, [cache[f] for f in files], rules, spec, opts)
@@ -90,7 +94,7 @@ def gpu_part(key: str | None) -> hardware.Part | None:
     if not key:
         return None
     try:
-        return hardware.part_by_key(key)
+        return hardware.resolve_part(key).part
     except ValueError as e:
         raise BadInput("--gpu", str(e)) from None
 

@@ -34,8 +34,9 @@ class BadInput(Exception):
         return f"{printable(self.path)}: {reason}{where}"
 
     def message(self) -> str:
-        """What the CLI prints on stderr."""
-        return f"diag: {self.one_line()}"
+        """What the CLI prints on stderr: prefixed by `diag: ` unless it names a diag command."""
+        line = self.one_line()
+        return line if self.path.startswith("diag ") else f"diag: {line}"
 
 
 def printable(path: str) -> str:
@@ -57,10 +58,7 @@ class MissingExtra(BadInput):
         return (MissingExtra, (self.command, self.package, self.extra))
 
     def one_line(self) -> str:
-        return f"{self.path} {self.reason}"
-
-    def message(self) -> str:
-        return self.one_line()   # already starts with "diag"
+        return f"{self.path} {self.reason}"   # diag example needs torch: …
 
 
 def require(package: str, command: str, extra: str) -> None:

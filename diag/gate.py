@@ -4,15 +4,13 @@ Two runs, each a `diag.report/1` JSON, a trace directory or a diag DuckDB file (
 compared against a budget: how far MFU may drop, how far each ledger bucket may grow, and at which
 severity a rule's new finding fails. A change inside the baseline's own step-to-step spread passes
 and is reported as noise. docs/gate.md is the user's guide, including why the statistic is what it is.
-Computing is here; gate_output.py renders.
+Computing is here; gate_output.py renders; diag/commands.py wires both to the command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import statistics
 import sys
 from collections.abc import Iterator, Mapping
@@ -22,7 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from diag.errors import BadInput, ExitCode
+from diag.errors import BadInput
 from diag.ledger import BUCKETS
 from rules import RULES
 
@@ -459,71 +457,3 @@ def _rank(severity: str | None) -> int:
 
 def _at_least(severity: str | None, threshold: str) -> bool:
     return severity is not None and _rank(severity) >= _rank(threshold)
-
-
-# ------------------------------------------------------------------------------------------- CLI
-
-def register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from diag.cli import add_ingest_options
-    from diag.commands import add_model_options
-
-    p = sub.add_parser(
-        "gate", help="exit 1 when CURRENT's attribution regresses against a baseline past a budget",
-        description="Compare CURRENT with --baseline BASE and fail (exit 1) when MFU, a ledger bucket or a "
-                    "rule's findings got worse beyond the budget and beyond the baseline's step-to-step noise. "
-                    "Exit 2: bad input. See docs/gate.md.")
-    p.add_argument("current", help=f"the new run: a {REPORT_SCHEMA} JSON, a trace directory, or a diag DuckDB file")
-    p.add_argument("--baseline", required=True, help="the reference run, in any of the same forms")
-    p.add_argument("--budget", default=None, help="budget TOML (default: 1 MFU point, 1 point per bucket, "
-                                                  "new findings at medium fail; see docs/gate.md)")
-    p.add_argument("--allow-mismatch", action="store_true",
-                   help="compare runs of a different world size, model or device instead of refusing (exit 2)")
-    p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    p.add_argument("--junit", default=None, metavar="FILE",
-                   help="also write a JUnit XML report: one test case per check")
-    add_model_options(p)
-    add_ingest_options(p)
-    p.set_defaults(handler=run_gate)
-
-
-def run_gate(args: argparse.Namespace) -> int:
-    from diag import gate_output
-    from diag.cli import ingest_options
-    from diag.commands import analyze_options
-
-    github = os.environ.get("GITHUB_ACTIONS") == "true"
-    try:
-        budget = load_budget(args.budget)
-        opts, iopts = analyze_options(args), ingest_options(args)
-        base = load_run(args.baseline, opts, iopts)
-        cur = load_run(args.current, opts, iopts, args.db)   # --db keeps the current run's store for `diag tui`
-        found = tuple(mismatches(base.report, cur.report))
-        if found and not args.allow_mismatch:
-            raise BadInput(cur.path, f"not comparable with the baseline {base.path}: {'; '.join(found)}; "
-                                     "pass --allow-mismatch to compare anyway")
-        result = compare(base, cur, budget, found)
-    except BadInput as e:
-        # CI still gets its annotation and its JUnit error before the one line on stderr (cli.main).
-        if github:
-            print(gate_output.annotation("error", "diag gate: bad input", e.one_line()), file=sys.stderr)
-        if args.junit:
-            _write(args.junit, gate_output.render_junit_error(e))
-        raise
-    sys.stdout.write(gate_output.render(result, args.format))
-    if args.junit:
-        _write(args.junit, gate_output.render_junit(result))
-    if github:
-        for line in gate_output.github_annotations(result):
-            print(line, file=sys.stderr)
-        summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if summary:
-            _write(summary, gate_output.render_markdown(result), append=True)
-    return ExitCode.GATE_FAILED if result.failed else ExitCode.OK
-
-
-def _write(path: str, text: str, append: bool = False) -> None:
-    try:
-        with open(path, "a" if append else "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise BadInput(path, f"cannot write: {e.strerror or e}") from e

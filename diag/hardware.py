@@ -61,15 +61,53 @@ TABLE = "data/parts.toml"
 _PART_LIST = _load()
 _BY_KEY = {p.key: p for p in _PART_LIST}
 
-# Every CLI name. `a100` is an alias: the 80 GB SXM part most training clusters run.
-PARTS: Mapping[str, Part] = MappingProxyType({**_BY_KEY, "a100": _BY_KEY["a100-80gb"]})
+# Short names several parts share, and the part each means: the one training fleets mostly run
+# (the 80 GB SXM A100; the SXM H100, 132 SMs, of DGX/HGX H100 systems). `--gpu h100` takes it and
+# says so; any other part is named in full.
+ALIASES: Mapping[str, str] = MappingProxyType({"a100": "a100-80gb", "h100": "h100-sxm"})
+
+# Every CLI name: each part's key, and the aliases.
+PARTS: Mapping[str, Part] = MappingProxyType({**_BY_KEY, **{a: _BY_KEY[k] for a, k in ALIASES.items()}})
 
 
-def part_by_key(key: str) -> Part:
-    try:
-        return PARTS[key.strip().lower()]
-    except KeyError:
-        raise ValueError(f"unknown GPU {key!r}; valid: {', '.join(sorted(PARTS))}") from None
+@dataclass(frozen=True)
+class Resolved:
+    part: Part
+    note: str | None  # said when a name several parts share was taken to mean one
+
+
+def resolve_part(text: str) -> Resolved:
+    """The part a user means by `--gpu TEXT`: a key or alias in any case and spacing (`h100`,
+    `H100 SXM`, `h100_pcie`), a datasheet name, or the trace's own device name (`NVIDIA H100 80GB
+    HBM3`, matched by the same patterns `identify` uses). Everything comes from the part table, so
+    a part added there resolves too. An ambiguous name takes its alias's part with a note, or
+    lists the candidates; an unknown one lists the valid names (ValueError)."""
+    norm = _normal(text)
+    if norm in _BY_KEY:
+        return Resolved(_BY_KEY[norm], None)
+    by_name = {_normal(p.name): p for p in _PART_LIST}
+    if norm in by_name:
+        return Resolved(by_name[norm], None)
+    candidates = [k for k in _BY_KEY if k.startswith(f"{norm}-")] if norm in ALIASES else \
+        [p.key for p in _PART_LIST if p.name_pattern.search(text)]
+    if len(candidates) == 1:
+        return Resolved(_BY_KEY[candidates[0]], None)
+    common = [ALIASES[a] for a in ALIASES if ALIASES[a] in candidates]
+    if norm in ALIASES or common:
+        part = _BY_KEY[ALIASES[norm]] if norm in ALIASES else _BY_KEY[common[0]]
+        others = ", ".join(k for k in candidates if k != part.key)
+        return Resolved(part, f"--gpu {text!r} could be several parts: taking {part.name} ({part.key}), the common "
+                              f"one; name another to mean it ({others})")
+    if candidates:
+        raise ValueError(f"GPU {text!r} could be any of {', '.join(candidates)}; name one")
+    raise ValueError(f"unknown GPU {text!r}; valid: {', '.join(sorted(PARTS))}, or the device name the trace "
+                     "shows (e.g. 'NVIDIA H100 80GB HBM3')")
+
+
+def _normal(text: str) -> str:
+    """`NVIDIA H100_SXM` → `h100-sxm`: lower case, the vendor dropped, words joined by '-'."""
+    words = re.split(r"[\s_-]+", text.strip().lower())
+    return "-".join(w for w in words if w and w != "nvidia")
 
 
 def dense_peak_tflops(part: Part, dtype: str) -> float:

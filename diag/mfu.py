@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from diag import hardware
 from diag.errors import BadInput, ExitCode
 from diag.model import ModelSpec, flops_per_token, load_model
+from diag.option_types import positive_float, positive_int
 
 
 @dataclass(frozen=True)
@@ -87,55 +86,41 @@ def solve_mfu(
 
 
 def add_mfu_arguments(parser: argparse.ArgumentParser) -> None:
-    # Numbers are parsed in run_mfu, so that a bad one is a one-line BadInput (exit 2).
+    # Each number is checked as it is parsed (diag/option_types.py): a bad one is one line, exit 2.
     model = parser.add_argument_group("model (FLOPs per token)")
-    model.add_argument("--params", metavar="N", help="non-embedding parameters, e.g. 70e9 (FLOPs/token = 6N)")
+    model.add_argument("--params", metavar="N", type=positive_float, help="non-embedding parameters, e.g. 70e9 (FLOPs/token = 6N)")
     model.add_argument(
         "--model", metavar="PRESET|FILE.toml", help="llama3-8b|llama3-70b|llama3-405b or a [model] file"
     )
     for flag in ("--layers", "--heads", "--head-dim", "--seq-len"):
         model.add_argument(
-            flag, metavar="INT", help="with the other three: adds the attention term 12*L*H*Q*T"
+            flag, metavar="INT", type=positive_int, help="with the other three: adds the attention term 12*L*H*Q*T"
         )
     hw = parser.add_argument_group("hardware")
-    hw.add_argument("--gpus", metavar="INT", help="number of GPUs")
-    hw.add_argument("--gpu", metavar="PART", help=f"one of {', '.join(sorted(hardware.PARTS))}")
+    hw.add_argument("--gpus", metavar="INT", type=positive_int, help="number of GPUs")
+    hw.add_argument("--gpu", metavar="PART", help=f"one of {', '.join(sorted(hardware.PARTS))}, in any case, "
+                                                  "or the trace's device name")
     hw.add_argument("--dtype",
                     help="dtype of the peak (default bf16; fp16 on parts without bf16, V100), or a mix of matmul "
                          "FLOPs, e.g. fp8=0.6,bf16=0.4: the effective peak 1 / sum(share / peak)")
-    hw.add_argument("--peak-tflops", metavar="X", help="dense peak per GPU, overriding --gpu's")
+    hw.add_argument("--peak-tflops", metavar="X", type=positive_float, help="dense peak per GPU, overriding --gpu's")
     target = parser.add_argument_group("known quantity (exactly one)")
-    target.add_argument("--tokens-per-s", metavar="X", help="global training throughput -> prints MFU")
-    target.add_argument("--mfu", metavar="F", help="MFU as a fraction, e.g. 0.40 -> prints tokens/s")
-    target.add_argument("--tflops-per-gpu", metavar="X", help="achieved model TFLOP/s per GPU -> prints MFU")
+    target.add_argument("--tokens-per-s", metavar="X", type=positive_float, help="global training throughput -> prints MFU")
+    target.add_argument("--mfu", metavar="F", type=positive_float, help="MFU as a fraction, e.g. 0.40 -> prints tokens/s")
+    target.add_argument("--tflops-per-gpu", metavar="X", type=positive_float, help="achieved model TFLOP/s per GPU -> prints MFU")
     parser.add_argument("--format", choices=("text", "json"), default="text")
-
-
-def _number(flag: str, text: str | None, *, integer: bool = False) -> float | None:
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadInput(flag, f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise BadInput(flag, f"must be a positive number, got {text!r}")
-    if integer and not value.is_integer():
-        raise BadInput(flag, f"must be a whole number, got {text!r}")
-    return value
 
 
 def _model(args: argparse.Namespace) -> ModelSpec | None:
     attention = {
-        flag: _number(flag, getattr(args, flag[2:].replace("-", "_")), integer=True)
+        flag: getattr(args, flag[2:].replace("-", "_"))
         for flag in ("--layers", "--heads", "--head-dim", "--seq-len")
     }
     if args.model is not None:
         if args.params is not None or any(v is not None for v in attention.values()):
             raise BadInput("--model", "give --model, or --params with the attention flags, not both")
         return load_model(args.model)
-    params = _number("--params", args.params)
-    if params is None:
+    if args.params is None:
         if any(v is not None for v in attention.values()):
             raise BadInput("--params", "the attention flags need --params too")
         return None
@@ -144,18 +129,17 @@ def _model(args: argparse.Namespace) -> ModelSpec | None:
         missing = [flag for flag in attention if flag not in given]
         raise BadInput(given[0], f"the attention term needs all four flags; missing {' '.join(missing)}")
     layers, heads, head_dim, seq_len = (int(v or 0) for v in attention.values())
-    return ModelSpec(params, layers, heads, head_dim, seq_len, tokens_per_step=None, name="--params")
+    return ModelSpec(args.params, layers, heads, head_dim, seq_len, tokens_per_step=None, name="--params")
 
 
 def _peak(args: argparse.Namespace) -> tuple[float, str]:
     """Dense peak TFLOP/s per GPU and where it came from."""
-    override = _number("--peak-tflops", args.peak_tflops)
-    if override is not None:
-        return override, "--peak-tflops"
+    if args.peak_tflops is not None:
+        return args.peak_tflops, "--peak-tflops"
     if args.gpu is None:
         raise BadInput("--gpu", f"give --gpu ({', '.join(sorted(hardware.PARTS))}) or --peak-tflops")
     try:
-        part = hardware.part_by_key(args.gpu)
+        part = hardware.resolve_part(args.gpu).part   # cli.main said what an ambiguous name was taken to be
     except ValueError as error:
         raise BadInput("--gpu", str(error)) from None
     shares = _dtype_shares(args.dtype or hardware.default_dtype(part))
@@ -176,8 +160,12 @@ def _dtype_shares(text: str) -> dict[str, float]:
     shares: dict[str, float] = {}
     for item in text.split(","):
         dtype, _, share = item.partition("=")
-        value = _number("--dtype", share.strip())
-        if not dtype.strip() or value is None:
+        try:
+            value = positive_float(share.strip())
+        except argparse.ArgumentTypeError as error:
+            raise BadInput("--dtype", f"{dtype.strip() or 'a share'}: {error}; expected DTYPE=SHARE,..., "
+                                      f"e.g. fp8=0.6,bf16=0.4; got {text!r}") from None
+        if not dtype.strip():
             raise BadInput("--dtype", f"expected DTYPE=SHARE,..., e.g. fp8=0.6,bf16=0.4; got {text!r}")
         shares[dtype.strip()] = value
     total = sum(shares.values())
@@ -198,10 +186,9 @@ def _sparse_warning(peak_tflops: float, dtype: str) -> str | None:
 def run_mfu(args: argparse.Namespace) -> int:
     """Print the result (text or JSON) on stdout; raise BadInput for bad input."""
     model = _model(args)
-    gpus = _number("--gpus", args.gpus, integer=True)
     peak, peak_source = _peak(args)
     known = {
-        flag: _number(flag, getattr(args, flag[2:].replace("-", "_")))
+        flag: getattr(args, flag[2:].replace("-", "_"))
         for flag in ("--tokens-per-s", "--mfu", "--tflops-per-gpu")
     }
     given = [flag for flag, v in known.items() if v is not None]
@@ -210,7 +197,7 @@ def run_mfu(args: argparse.Namespace) -> int:
     if given[0] != "--tflops-per-gpu":
         if model is None:
             raise BadInput(given[0], "needs --params (or --model) for FLOPs per token")
-        if gpus is None:
+        if args.gpus is None:
             raise BadInput(given[0], "needs --gpus")
     mfu = known["--mfu"]
     if mfu is not None and mfu > 1:
@@ -218,11 +205,17 @@ def run_mfu(args: argparse.Namespace) -> int:
     result = solve_mfu(
         peak_tflops=peak,
         flops_per_token=flops_per_token(model) if model is not None else None,
-        gpus=int(gpus) if gpus is not None else None,
+        gpus=args.gpus,
         tokens_per_s=known["--tokens-per-s"],
         mfu=mfu,
         tflops_per_gpu=known["--tflops-per-gpu"],
     )
+    if result.mfu > 1:
+        # More model FLOP/s than the GPUs can do at their dense peak: the inputs contradict each other.
+        raise BadInput(given[0], f"{known[given[0]]:g} is implausible: it means "
+                                 f"{result.model_tflops_per_gpu:,.0f} model TFLOP/s per GPU, {result.mfu * 100:,.0f}% of "
+                                 f"the {peak:g} TFLOP/s peak ({peak_source}); check it against the model, "
+                                 "--gpus and the peak")
     warning = None
     if peak_source == "--peak-tflops":
         dominant = max(_dtype_shares(args.dtype or "bf16").items(), key=lambda x: x[1])[0]
@@ -248,19 +241,3 @@ def render_text(result: MfuResult, peak_source: str, model: ModelSpec | None) ->
     if result.gpus is not None:
         lines.append(f"GPUs           {result.gpus:,}")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="diag mfu", description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
-    add_mfu_arguments(parser)
-    try:
-        return run_mfu(parser.parse_args(argv))
-    except BadInput as error:
-        print(error.one_line(), file=sys.stderr)
-        return ExitCode.BAD_INPUT
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -62,6 +62,12 @@ def connect(db: str | Path | None = None, read_only: bool = False) -> duckdb.Duc
     return con
 
 
+def name(con: duckdb.DuckDBPyConnection) -> str:
+    """The store's file as messages name it (an in-memory store has none)."""
+    row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+    return str(row[0]) if row and row[0] else "the in-memory store"
+
+
 @contextmanager
 def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """Commit what the block wrote, or roll it all back if it raises."""

@@ -4,12 +4,16 @@ the version, and the one line a bad value earns. Every case runs `diag` as a rea
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, run_diag
 
 from diag import __version__
-from helpers import ROOT, run_diag
 
 pytestmark = pytest.mark.xdist_group("cli")
 
@@ -60,3 +64,128 @@ def test_a_command_needing_torch_says_which_extra(command: list[str], tmp_path: 
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"diag {command[0]} needs torch: pip install -e '.[capture]'\n"
     assert not (tmp_path / "x").exists()
+
+
+# --------------------------------------------------------------------------------- option values
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo case's 8 ranks, without its model.toml: a trace that records no tokens per step."""
+    from fixtures.generate import generate
+
+    out = tmp_path_factory.mktemp("cli") / "run"
+    generate("demo", out)
+    (out / "model.toml").unlink()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--peak-tflops", "0"), ("--peak-tflops", "-1"), ("--peak-tflops", "nan"), ("--peak-tflops", "inf"),
+        ("--peak-tflops", "lots"), ("--tokens-per-step", "-4e6"), ("--tokens-per-step", "-inf"),
+        ("--jobs", "0"), ("--jobs", "1.5"), ("--max-bytes", "0"), ("--max-bytes", "-5"), ("--rank", "-1"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_option_and_value(option: str, value: str, tmp_path: Path) -> None:
+    """Checked while parsing, before any work (the path does not even exist); a negative number is
+    taken as the option's value, not as another option."""
+    done = run_diag("analyze", str(tmp_path / "nowhere"), option, value)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"diag analyze: {option}: ")
+    assert repr(value) in done.stderr
+
+
+@pytest.mark.parametrize(("command", "option", "value"), [("live", "--poll", "0"), ("live", "--idle", "-1"),
+                                                          ("mfu", "--gpus", "-8"), ("mfu", "--params", "-7e9")])
+def test_other_commands_check_their_values_too(command: str, option: str, value: str, tmp_path: Path) -> None:
+    done = run_diag(command, *([str(tmp_path)] if command == "live" else []), option, value)
+    assert done.returncode == 2 and done.stderr == f"diag {command}: {option}: " + done.stderr.split(": ", 2)[2]
+    assert repr(value) in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_a_preset_without_tokens_per_step_is_bad_input_with_the_hint(demo_run: Path) -> None:
+    done = run_diag("analyze", str(demo_run), "--model", "llama3-70b")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("diag: --model: llama3-70b ")
+    assert "--tokens-per-step N" in done.stderr
+    with_tokens = run_diag("analyze", str(demo_run), "--model", "llama3-70b", "--tokens-per-step", "16",
+                           "--format", "json")
+    assert with_tokens.returncode == 0, with_tokens.stderr
+    assert json.loads(with_tokens.stdout)["model"]["tokens_per_step"] == 16
+
+
+@pytest.mark.parametrize("typed", ["h100", "H100", "h100-sxm", "NVIDIA H100 80GB HBM3"])
+def test_gpu_takes_what_people_type(typed: str, demo_run: Path) -> None:
+    done = run_diag("analyze", str(demo_run), "--gpu", typed, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["device"]["part"] == "h100-sxm"
+    notes = [line for line in done.stderr.splitlines() if line.startswith("diag: note:")]
+    assert (len(notes) == 1 and "H100 SXM" in notes[0] and "h100-pcie" in notes[0]) == (typed.lower() == "h100")
+
+
+def test_an_unknown_gpu_lists_the_valid_names(tmp_path: Path) -> None:
+    done = run_diag("analyze", str(tmp_path), "--gpu", "h1000")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "unknown GPU 'h1000'" in done.stderr and "h100-sxm" in done.stderr and "b200" in done.stderr
+
+
+# -------------------------------------------------------------------------------------- messages
+
+def test_an_empty_directory_names_itself_and_what_was_looked_for(tmp_path: Path) -> None:
+    want = f"diag: {tmp_path}: no Kineto traces found (looked for *.json, *.json.gz, *.pt.trace.json[.gz])\n"
+    for command in (["analyze", str(tmp_path)], ["ingest", str(tmp_path), "--db", str(tmp_path / "x.duckdb")]):
+        done = run_diag(*command)
+        assert (done.returncode, done.stderr) == (2, want), command
+
+
+def test_odd_file_names_are_shown_escaped_on_one_line(demo_run: Path, tmp_path: Path) -> None:
+    """A newline and a byte that is not UTF-8 in file names: each warning one line, escaped."""
+    run = tmp_path / "run"
+    run.mkdir()
+    good = sorted(demo_run.glob("*.pt.trace.json*"))[0]
+    (run / good.name).write_bytes(good.read_bytes())
+    (run / "rank-1\n.json").write_text('{"traceEvents": [')
+    os.mkdir(os.path.join(os.fsencode(run), b"odd\xff"))
+    Path(os.fsdecode(os.path.join(os.fsencode(run), b"odd\xff", b"rank-2.json"))).write_text('{"traceEvents": [')
+    for command in (["analyze", str(run)], ["ingest", str(run), "--db", str(tmp_path / "x.duckdb")]):
+        done = run_diag(*command)
+        assert done.returncode == 0, done.stderr
+        left_out = [line for line in done.stderr.splitlines() if "truncated JSON" in line]
+        assert len(left_out) == 2, done.stderr
+        assert all(line.startswith("diag: warning: ") for line in left_out)
+        assert any("rank-1\\n.json" in line for line in left_out)
+        assert any("odd\\xff/rank-2.json" in line for line in left_out)
+
+
+# -------------------------------------------------------------------------------------- progress
+
+def _on_a_terminal(args: list[str]) -> tuple[int, str, str]:
+    """`diag ARGS` with stderr on a pseudo-terminal (stdout a pipe): (exit code, stdout, the terminal's text)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "diag.cli", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave,
+                            env=dict(os.environ, TERM="xterm-256color", COLUMNS="120"))
+    os.close(slave)
+    seen = bytearray()
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:     # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    code = proc.wait(timeout=300)
+    os.close(master)
+    return code, out, seen.decode("utf-8", "replace")
+
+
+def test_analyze_shows_progress_on_a_terminal_and_nothing_off_one(demo_run: Path) -> None:
+    code, out, terminal = _on_a_terminal(["analyze", str(demo_run)])
+    assert code == 0 and "waterfall" in out
+    assert "ingest" in terminal and "8/8" in terminal and "ranks" in terminal and "\x1b[" in terminal
+    quiet = run_diag("analyze", str(demo_run))
+    assert quiet.returncode == 0 and quiet.stdout == out
+    assert "\x1b[" not in quiet.stderr and "8/8" not in quiet.stderr

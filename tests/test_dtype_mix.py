@@ -115,16 +115,16 @@ def test_text_report_shows_the_mix(tmp_path: Path) -> None:
 
 
 def test_effective_peak_is_a_weighted_harmonic_mean() -> None:
-    h100 = hardware.part_by_key("h100-sxm")
+    h100 = hardware.PARTS["h100-sxm"]
     assert hardware.effective_peak_tflops(h100, {"bf16": 1.0}) == 989.0
     assert hardware.effective_peak_tflops(h100, {"fp8": 0.5, "bf16": 0.5}) == pytest.approx(2 / (1 / 1979 + 1 / 989))
 
 
 def test_a_dtype_the_part_lacks_leaves_the_peak_unknown_unless_negligible() -> None:
-    a100 = hardware.part_by_key("a100")   # no fp8 on Ampere
+    a100 = hardware.PARTS["a100"]   # no fp8 on Ampere
     shares, left_out = dtype_mix.DtypeMix({"fp8": 0.5, "bf16": 0.5}, "test").priced(a100)
     assert shares == {} and left_out == ["fp8"]
-    shares, left_out = dtype_mix.DtypeMix({"fp64": 0.001, "bf16": 0.999}, "test").priced(hardware.part_by_key("h800"))
+    shares, left_out = dtype_mix.DtypeMix({"fp64": 0.001, "bf16": 0.999}, "test").priced(hardware.PARTS["h800"])
     assert shares == {"bf16": 1.0} and left_out == ["fp64"]
 
 

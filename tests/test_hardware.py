@@ -15,7 +15,6 @@ from diag.hardware import (
     dense_peak_tflops,
     dtype_from_trace,
     identify,
-    part_by_key,
     ridge_flop_per_byte,
     sparse_peak_matches,
     sparse_peak_tflops,
@@ -54,7 +53,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
     ],
 )
 def test_dense_peaks_are_designs_figures(key: str, dtype: str, tflops: float) -> None:
-    assert dense_peak_tflops(part_by_key(key), dtype) == tflops
+    assert dense_peak_tflops(PARTS[key], dtype) == tflops
 
 
 @pytest.mark.parametrize(
@@ -71,7 +70,7 @@ def test_dense_peaks_are_designs_figures(key: str, dtype: str, tflops: float) ->
     ],
 )
 def test_memory_and_link_figures(key: str, hbm_gbps: float, nvlink_gbps: float, sms: int) -> None:
-    part = part_by_key(key)
+    part = PARTS[key]
     assert (part.hbm_gbps, part.nvlink_gbps, part.sms) == (hbm_gbps, nvlink_gbps, sms)
 
 
@@ -90,16 +89,49 @@ def test_every_cli_name_is_a_part_with_a_cited_source() -> None:
         "v100",
     } <= set(PARTS)
     for key, part in PARTS.items():
-        assert part.key == key or key == "a100"  # the one alias
+        assert part.key == key or hardware.ALIASES[key] == part.key
         assert "datasheet" in part.source or "brief" in part.source or "whitepaper" in part.source
         assert part.dense_tflops and all(v > 0 for v in part.dense_tflops.values())
 
 
-def test_part_by_key_rejects_unknown_names_listing_the_valid_ones() -> None:
-    assert part_by_key(" H100-SXM ") is PARTS["h100-sxm"]
-    with pytest.raises(ValueError, match="h100-sxm") as error:
-        part_by_key("h100")
-    assert "a100-40gb" in str(error.value)
+@pytest.mark.parametrize(
+    ("typed", "key", "noted"),
+    [
+        ("h100-sxm", "h100-sxm", False),
+        (" H100-SXM ", "h100-sxm", False),
+        ("H100 SXM", "h100-sxm", False),          # the datasheet name
+        ("h100_pcie", "h100-pcie", False),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm", False),   # deviceProperties.name of an SXM H100
+        ("NVIDIA H100 PCIe", "h100-pcie", False),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb", False),
+        ("h100", "h100-sxm", True),               # SXM, PCIe and NVL share the short name
+        ("H100", "h100-sxm", True),
+        ("NVIDIA H100", "h100-sxm", True),
+        ("a100", "a100-80gb", True),
+        ("h200", "h200", False),                  # a key, though an NVL part shares the prefix
+    ],
+)
+def test_resolve_part_takes_what_people_type(typed: str, key: str, noted: bool) -> None:
+    found = hardware.resolve_part(typed)
+    assert found.part is PARTS[key]
+    assert (found.note is not None) == noted
+    assert found.note is None or found.part.name in found.note
+
+
+def test_resolve_part_names_the_candidates_or_the_valid_names() -> None:
+    with pytest.raises(ValueError, match="gh200, gh200-144gb"):
+        hardware.resolve_part("NVIDIA GH200 480GB")      # memory alone tells the two apart
+    with pytest.raises(ValueError, match="unknown GPU 'h1000'") as error:
+        hardware.resolve_part("h1000")
+    assert "a100-40gb" in str(error.value) and "h100-sxm" in str(error.value)
+
+
+def test_every_part_resolves_by_its_key_and_its_name() -> None:
+    """Data-driven: a part added to the table resolves without code."""
+    for part in set(PARTS.values()):
+        assert hardware.resolve_part(part.key).part is part
+        assert hardware.resolve_part(part.name).part is part
+        assert hardware.resolve_part(part.key.upper()).part is part
 
 
 def test_a_dtype_the_part_lacks_is_an_error_not_a_neighbours_figure() -> None:
@@ -275,16 +307,16 @@ def test_every_part_row_is_identified_from_its_example(part: hardware.Part) -> N
 
 def test_dense_peaks_of_the_added_parts() -> None:
     # Datasheet figures, dense (sparse / 2 where the sheet prints "with sparsity").
-    assert dense_peak_tflops(part_by_key("l40s"), "fp8") == 733.0       # 1,466 with sparsity / 2
-    assert dense_peak_tflops(part_by_key("l4"), "bf16") == 121.0        # 242 with sparsity / 2
-    assert dense_peak_tflops(part_by_key("gb200"), "fp4") == 10000.0    # 1,440 PF / 72 GPUs / 2
-    assert dense_peak_tflops(part_by_key("mi300x"), "bf16") == 1307.4
-    assert dense_peak_tflops(part_by_key("mi355x"), "fp4") == 10066.4
-    assert dense_peak_tflops(part_by_key("v100-pcie"), "fp16") == 112.0
-    assert dense_peak_tflops(part_by_key("rtx-2080-ti"), "fp16") == 53.8  # FP32 accumulate
-    assert "bf16" not in part_by_key("v100").dense_tflops
+    assert dense_peak_tflops(PARTS["l40s"], "fp8") == 733.0       # 1,466 with sparsity / 2
+    assert dense_peak_tflops(PARTS["l4"], "bf16") == 121.0        # 242 with sparsity / 2
+    assert dense_peak_tflops(PARTS["gb200"], "fp4") == 10000.0    # 1,440 PF / 72 GPUs / 2
+    assert dense_peak_tflops(PARTS["mi300x"], "bf16") == 1307.4
+    assert dense_peak_tflops(PARTS["mi355x"], "fp4") == 10066.4
+    assert dense_peak_tflops(PARTS["v100-pcie"], "fp16") == 112.0
+    assert dense_peak_tflops(PARTS["rtx-2080-ti"], "fp16") == 53.8  # FP32 accumulate
+    assert "bf16" not in PARTS["v100"].dense_tflops
     # Nothing recorded: V100 runs are taken to be fp16 (tensor cores), Pascal ones fp32.
-    assert (hardware.default_dtype(part_by_key("v100")), hardware.default_dtype(part_by_key("quadro-gp100"))) == (
+    assert (hardware.default_dtype(PARTS["v100"]), hardware.default_dtype(PARTS["quadro-gp100"])) == (
         "fp16", "fp32")
 
 

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_diag
 
+from diag.cli import main
 from diag.errors import BadInput
-from diag.mfu import MfuResult, add_mfu_arguments, run_mfu, solve_mfu
+from diag.mfu import MfuResult, solve_mfu
 from diag.model import PRESETS, ModelSpec, executed_flops_per_token, flops_per_token, load_model
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 # --- model -----------------------------------------------------------------------------------
 
@@ -151,9 +147,7 @@ def test_solve_mfu_needs_exactly_one_known() -> None:
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
-    parser = argparse.ArgumentParser()
-    add_mfu_arguments(parser)
-    assert run_mfu(parser.parse_args(argv)) == 0
+    assert main(["mfu", *argv]) == 0
     captured = capsys.readouterr()
     return captured.out, captured.err
 
@@ -242,45 +236,40 @@ def test_a_dtype_mix_gives_the_effective_peak(capsys: pytest.CaptureFixture[str]
         (["--gpus", "8", "--gpu", "h100-sxm", "--mfu", "0.4"], "--mfu"),  # no FLOPs per token
         (["--params", "7e9", "--gpu", "h100-sxm", "--mfu", "0.4"], "--mfu"),  # no --gpus
         (["--params", "7e9", "--gpus", "8", "--mfu", "0.4"], "--gpu"),  # no peak
-        (["--params", "7e9", "--gpus", "8", "--gpu", "h100", "--mfu", "0.4"], "--gpu"),
+        (["--params", "7e9", "--gpus", "8", "--gpu", "h1000", "--mfu", "0.4"], "--gpu"),
         (["--params", "7e9", "--gpus", "8", "--gpu", "v100", "--dtype", "bf16", "--mfu", "0.4"], "--dtype"),  # no bf16
         ([*BASE, "--dtype", "fp8=lots", "--mfu", "0.4"], "--dtype"),
         (["--params", "7e9", "--gpus", "8.5", "--gpu", "h100-sxm", "--mfu", "0.4"], "--gpus"),
         (["--params", "seven", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "0.4"], "--params"),
         (["--params", "7e9", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "40"], "--mfu"),  # a percentage
         (["--params", "7e9", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "-0.1"], "--mfu"),
+        (["--params", "-7e9", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "0.1"], "--params"),  # a value, not an option
+        (["--params", "7e9", "--gpus", "-inf", "--gpu", "h100-sxm", "--mfu", "0.1"], "--gpus"),
+        (["--params", "7e9", "--gpus", "8", "--peak-tflops", "nan", "--mfu", "0.1"], "--peak-tflops"),
+        ([*BASE, "--tokens-per-s", "1.2e9"], "--tokens-per-s"),  # 49,800 % MFU: the inputs contradict
+        ([*BASE, "--tflops-per-gpu", "1200"], "--tflops-per-gpu"),  # above the 989 peak
         ([*BASE, "--layers", "80", "--mfu", "0.4"], "--layers"),  # one of four attention flags
         ([*BASE, "--model", "llama3-8b", "--mfu", "0.4"], "--model"),
     ],
 )
-def test_bad_input_names_the_flag(argv: list[str], where: str) -> None:
-    parser = argparse.ArgumentParser()
-    add_mfu_arguments(parser)
-    with pytest.raises(BadInput) as error:
-        run_mfu(parser.parse_args(argv))
-    assert error.value.path == where
+def test_bad_input_names_the_flag(argv: list[str], where: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2 and one line on stderr naming the flag, whether argparse or run_mfu found it."""
+    with pytest.raises(SystemExit) as parsed:
+        code = main(["mfu", *argv])
+        raise SystemExit(code)
+    out, err = capsys.readouterr()
+    assert parsed.value.code == 2 and out == ""
+    assert err.count("\n") == 1 and f" {where}: " in f" {err.removeprefix('diag: ')}", err
 
 
-def test_module_entry_point() -> None:
-    """`python -m diag.mfu`: JSON on stdout, exit 0; bad input is one stderr line and exit 2."""
-    ok = subprocess.run(
-        [sys.executable, "-m", "diag.mfu", *BASE, "--mfu", "0.40", "--format", "json"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
+def test_subprocess_contract() -> None:
+    """`diag mfu` as a process: JSON on stdout, exit 0; bad input is one stderr line and exit 2."""
+    ok = run_diag("mfu", *BASE, "--mfu", "0.40", "--format", "json")
     assert ok.returncode == 0, ok.stderr
     assert set(json.loads(ok.stdout)) == {"mfu", "tokens_per_s", "peak_tflops", "flops_per_token"}
-    bad = subprocess.run(
-        [sys.executable, "-m", "diag.mfu", *BASE, "--tokens-per-s", "lots"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
+    bad = run_diag("mfu", *BASE, "--tokens-per-s", "lots")
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip() == "--tokens-per-s: not a number: 'lots'"
+    assert bad.stderr == "diag mfu: --tokens-per-s: not a number: 'lots'\n"
 
 
 def test_result_carries_units() -> None:

@@ -11,8 +11,8 @@ from rules.MFU009_slow_gemms import causes_of
 from rules.MFU011_copies import advice_for
 from rules.MFU012_unfused_elementwise import chain_gain
 
-H100 = hardware.part_by_key("h100-sxm")
-A100 = hardware.part_by_key("a100-80gb")
+H100 = hardware.PARTS["h100-sxm"]
+A100 = hardware.PARTS["a100-80gb"]
 
 
 def test_256_tokens_by_4096_is_32_tiles_for_132_sms() -> None:
@@ -115,7 +115,7 @@ def test_copy_advice_by_kind() -> None:
 
 
 def test_fp32_on_a_tf32_kernel_is_judged_against_the_tf32_ridge() -> None:
-    a100 = hardware.part_by_key("a100-40gb")
+    a100 = hardware.PARTS["a100-40gb"]
     flops, nbytes = 2 * 4096.0**3, 4 * 3 * 4096.0**2
     # A100 40GB: tf32 156e12 / 1555e9 = 100.3 FLOP/byte; plain fp32 19.5e12 / 1555e9 = 12.5.
     tf32 = gemm_shape.fit((4096, 4096, 4096), flops, nbytes, "volta_tensorop_s1688gemm_128x128_tn", a100, "fp32")

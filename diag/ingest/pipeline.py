@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Generator
 from contextlib import closing
@@ -483,29 +482,3 @@ def _number_windows(con: duckdb.DuckDBPyConnection) -> None:
         WHERE trace_files.file_id = w.file_id AND trace_files.capture_window IS DISTINCT FROM w.n
         """
     )
-
-
-def print_progress_factory() -> Callable[[int, int, str], None] | None:
-    """A rich progress bar on stderr when it is a terminal; None (silent) otherwise."""
-    if not sys.stderr.isatty():
-        return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    prog = Progress(
-        TextColumn("ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), transient=True,
-    )
-    task = None
-
-    def update(done: int, total: int, path: str) -> None:
-        nonlocal task
-        if total <= 1:
-            return
-        if task is None:
-            prog.start()
-            task = prog.add_task(os.path.basename(path), total=total)
-        prog.update(task, completed=done, description=os.path.basename(path))
-        if done >= total:
-            prog.stop()
-
-    return update
