@@ -57,6 +57,25 @@ def ingest_paths(paths: list[str], con: duckdb.DuckDBPyConnection, opts: IngestO
     return result
 
 
+def counted_warnings(result: IngestResult) -> list[str]:
+    """The ingest's per-file warnings, one line per distinct reason: a thousand CPU-only ranks give
+    one line that counts them and names the first, not a thousand lines."""
+    paths = sorted((p for p, _ in result.ingested), key=len, reverse=True)
+    by_reason: dict[str, list[str]] = {}
+    for w in result.warnings:
+        path = next((p for p in paths if w.startswith(f"{p}: ")), "")
+        by_reason.setdefault(w[len(path) + 2:] if path else w, []).append(path)
+    lines = []
+    for reason, files in by_reason.items():
+        if not files[0]:
+            lines.append(reason)                 # a warning about no one file
+        elif len(files) == 1:
+            lines.append(f"{files[0]}: {reason}")
+        else:
+            lines.append(f"{len(files)} files: {reason} (the first: {files[0]})")
+    return lines
+
+
 def print_warnings(errors: list[BadInput], warnings: list[str]) -> None:
     """On stderr, alike for every command: `diag: warning: …`, one line each."""
     for w in warnings:
@@ -79,7 +98,7 @@ def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOpt
         con.close()
         raise
     model = Path(path) / "model.toml" if Path(path).is_dir() else Path(path).parent / "model.toml"
-    return Opened(con, result.errors, str(model) if model.is_file() else None, result.warnings)
+    return Opened(con, result.errors, str(model) if model.is_file() else None, counted_warnings(result))
 
 
 def _ingest_notes(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -70,7 +70,7 @@ def has_terminal() -> bool:
 
 def run_ingest(args: argparse.Namespace) -> int:
     from diag import store
-    from diag.api import ingest_paths, print_warnings
+    from diag.api import counted_warnings, ingest_paths, print_warnings
     from diag.ingest.discover import require_paths
     from diag.progress import terminal_progress
 
@@ -80,7 +80,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     try:
         with terminal_progress() as progress:
             result = ingest_paths(args.paths, con, opts, progress.task("ingest"))
-        print_warnings(result.errors, result.warnings)
+        print_warnings(result.errors, counted_warnings(result))
         for s in result.skipped:
             print(f"diag: skipped {printable(s.path)}: {s.reason}", file=sys.stderr)
         for path, file_id in result.ingested:

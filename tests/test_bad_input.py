@@ -179,3 +179,17 @@ def test_typed_args_of_an_unexpected_type_or_range_are_kept_raw_and_counted(tmp_
     assert (ext, seq) == (None, 4) and str(big) in raw
     assert one(con, "SELECT count(*) FROM cpu_ops")[0] == len(EVENTS) + 1
     con.close()
+
+
+def test_one_warning_per_reason_counts_the_files(tmp_path: Path) -> None:
+    """Three CPU-only ranks: one counted line, alike from ingest and analyze, not one per file."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for rank in range(3):
+        (d / f"rank-{rank}.json").write_text(trace_text(distributedInfo={"rank": rank, "world_size": 3}))
+    code, err = ingest(tmp_path, d)
+    gpu = [line for line in err.splitlines() if "no GPU activity" in line]
+    assert code == 0 and len(gpu) == 1 and gpu[0].startswith("diag: warning: 3 files: no GPU activity")
+    assert str(d / "rank-0.json") in gpu[0]
+    analyzed = run_diag("analyze", str(d))
+    assert analyzed.returncode == 0 and gpu == [x for x in analyzed.stderr.splitlines() if "no GPU activity" in x]
