@@ -51,11 +51,7 @@ class MissingExtra(BadInput):
     """A command whose optional dependency is not installed: says which extra brings it."""
 
     def __init__(self, command: str, package: str, extra: str) -> None:
-        self.command, self.package, self.extra = command, package, extra
         super().__init__(f"diag {command}", f"needs {package}: pip install -e '.[{extra}]'")
-
-    def __reduce__(self) -> tuple[type[MissingExtra], tuple[str, str, str]]:  # type: ignore[override]
-        return (MissingExtra, (self.command, self.package, self.extra))
 
     def one_line(self) -> str:
         return f"{self.path} {self.reason}"   # diag example needs torch: …

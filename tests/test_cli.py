@@ -137,6 +137,10 @@ def test_an_empty_directory_names_itself_and_what_was_looked_for(tmp_path: Path)
     for command in (["analyze", str(tmp_path)], ["ingest", str(tmp_path), "--db", str(tmp_path / "x.duckdb")]):
         done = run_diag(*command)
         assert (done.returncode, done.stderr) == (2, want), command
+    # A store with nothing in it is named by its file, not by the connection object.
+    store = run_diag("analyze", str(tmp_path / "x.duckdb"))
+    assert (store.returncode, store.stderr) == (2, f"diag: {tmp_path / 'x.duckdb'}: no Kineto traces in the store: "
+                                                   "ingest some first\n")
 
 
 def test_odd_file_names_are_shown_escaped_on_one_line(demo_run: Path, tmp_path: Path) -> None:
