@@ -23,7 +23,10 @@ from diag.example import ExampleConfig, run_example  # noqa: E402
 MODEL = {"head_dim": 32, "seq_len": 128}
 CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "healthy": ({}, None),
-    "loader": ({"loader_delay_ms": 80}, "MFU006"),
+    # Injected delays are wall-clock and the rest of the step is not: on a loaded machine the step
+    # stretches (seen: 1.8 s under a CPU hog, where 80 ms of loader came out 4.5 points, below the
+    # 5 asserted). Delays large against a stretched step keep each cause well above 5 points.
+    "loader": ({"loader_delay_ms": 400}, "MFU006"),
     # 250 ms of extra work per step on rank 1: to make another rank look last in a collective, the
     # machine would have to stall a rank inside that collective for longer than that.
     "slow_rank": ({"slow_rank": 1, "slow_ms": 250}, "MFU005"),
