@@ -46,15 +46,18 @@ LOOKED_FOR = "*.json, *.json.gz, *.pt.trace.json[.gz]"
 
 def ingest_paths(paths: list[str], con: duckdb.DuckDBPyConnection, opts: IngestOptions = IngestOptions(),
                  progress: Progress | None = None) -> IngestResult:
-    """PATHS ingested into `con`: what `diag ingest` and every analyzing command share. A file that
-    cannot be read is left out while the store holds Kineto traces; with none, the first such
-    file (or, with none at all, that none was found) is the error."""
+    """PATHS ingested into `con`: what `diag ingest` and every analyzing command share. Each file is
+    its own unit: one that cannot be read is left out (the caller warns) while another made it in,
+    now or before; when none did, each is said on stderr and the last raised (exit 2), and when
+    there was nothing to read at all, that none was found."""
     result = ingest(paths, con, opts, progress=progress)
-    if not con.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchall()[0][0]:
-        if result.errors:
-            raise result.errors[0]
-        raise BadInput(", ".join(paths), f"no Kineto traces found (looked for {LOOKED_FOR})")
-    return result
+    if result.ingested or any(s.duplicate for s in result.skipped):
+        return result
+    if result.errors:
+        for e in result.errors[:-1]:
+            print(e.message(), file=sys.stderr)
+        raise result.errors[-1]
+    raise BadInput(", ".join(paths), f"no Kineto traces found (looked for {LOOKED_FOR})")
 
 
 def counted_warnings(result: IngestResult) -> list[str]:
@@ -94,6 +97,9 @@ def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOpt
     con = store.connect(db)
     try:
         result = ingest_paths([path], con, ingest_opts, progress)
+        if not con.execute("SELECT count(*) FROM trace_files WHERE kind = 'kineto'").fetchall()[0][0]:
+            raise BadInput(path, f"no Kineto traces found (looked for {LOOKED_FOR}); NCCL-side dumps alone "
+                                 "cannot be analyzed")
     except BaseException:
         con.close()
         raise
