@@ -137,13 +137,15 @@ def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = Analyz
     with make_executor("ray", ingest_opts.jobs) if ingest_opts.executor == "ray" else nullcontext() as executor, \
             terminal_progress() if progress else nullcontext(Bars(None)) as bars:
         opened = open_store(path, db, ingest_opts, bars.task("ingest"))
-        if warn:
-            print_warnings(opened.errors, opened.warnings)
         try:
-            return analyze_opened(opened.con, opts, opened.model_file, len(opened.errors),
-                                  executor=executor, spill_dir=ingest_opts.spill_dir, progress=bars.task("ranks"))
+            analyzed = analyze_opened(opened.con, opts, opened.model_file, len(opened.errors),
+                                      executor=executor, spill_dir=ingest_opts.spill_dir, progress=bars.task("ranks"))
         finally:
             opened.con.close()
+    # After the analysis: when it fails (exit 2) its one line is all stderr says.
+    if warn:
+        print_warnings(opened.errors, opened.warnings)
+    return analyzed
 
 
 def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None = None,
