@@ -106,6 +106,46 @@ def _run_demo(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _register_export(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from diag.cli import add_ingest_options
+
+    p = sub.add_parser("export", help="all ranks on the aligned clock with the ledger, for Perfetto (docs/export.md)")
+    p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
+    p.add_argument("--perfetto", required=True, metavar="OUT.json[.gz]",
+                   help="Chrome trace-event JSON to write (gzip when the name ends in .gz); open it in ui.perfetto.dev")
+    p.add_argument("--ranks", default=None, help="ranks to export, e.g. 0-7,64 (default: all)")
+    p.add_argument("--steps", default=None, help="steps to export, e.g. 10-12 (default: all)")
+    add_model_options(p)
+    add_ingest_options(p)
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from diag.api import analyze_opened, open_store
+    from diag.cli import ingest_options
+    from diag.engine import AnalyzeOptions
+    from diag.errors import printable
+    from diag.ingest.pipeline import IngestOptions
+    from diag.perfetto import Cut, export_perfetto, parse_ranges
+
+    opts = analyze_options(args)
+    iopts = ingest_options(args)
+    assert isinstance(opts, AnalyzeOptions) and isinstance(iopts, IngestOptions)
+    cut = Cut(parse_ranges(args.ranks, "--ranks") if args.ranks else None,
+              parse_ranges(args.steps, "--steps") if args.steps else None)
+    opened = open_store(args.path, args.db, iopts)
+    for e in opened.errors:
+        print(f"diag: warning: {e.one_line()}; exporting the other files", file=sys.stderr)
+    try:
+        a, report = analyze_opened(opened.con, opts, opened.model_file, len(opened.errors))
+        out = Path(args.perfetto)
+        n = export_perfetto(opened.con, a, report, out, cut)
+    finally:
+        opened.con.close()
+    print(f"{printable(str(out))}\t{n} events\t{out.stat().st_size / 1e6:.1f} MB")
+    return ExitCode.OK
+
+
 def _register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from diag.gate import register_gate
 
@@ -137,5 +177,5 @@ def _register_ui(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 REGISTER: tuple[Register, ...] = (
-    _register_analyze, _register_demo, _register_mfu, _register_gate, _register_capture, _register_example, _register_ui,
+    _register_analyze, _register_export, _register_demo, _register_mfu, _register_gate, _register_capture, _register_example, _register_ui,
 )

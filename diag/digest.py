@@ -59,9 +59,7 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
 
     Sets each communication kernel's collective from its CPU-side call first: the op names it
     better than the kernel (an NCCL send/recv kernel may be an all-to-all)."""
-    calls = calls_of(con, tl)
-    for c in calls:
-        tl.collective[c.act] = c.collective
+    calls = name_collectives(con, tl)
     states, runs, waitable = rank_states(tl)
     matmul = np.isin(tl.kclass, list(MATMUL_CLASSES))
     dur = tl.end_ns[matmul] - tl.ts_ns[matmul]
@@ -76,6 +74,14 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         graph_launches=len(set(np.asarray(tl.correlation, dtype=object)[tl.kernel][graph].tolist())),
     )
     return digest, runs
+
+
+def name_collectives(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
+    """The rank's collective calls, each communication kernel's collective set from its call."""
+    calls = calls_of(con, tl)
+    for c in calls:
+        tl.collective[c.act] = c.collective
+    return calls
 
 
 def _name_dtype(name: str) -> str | None:
