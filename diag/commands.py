@@ -41,7 +41,8 @@ def _register_analyze(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
     add_model_options(p)
     add_ingest_options(p)
-    p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    p.add_argument("--format", choices=("text", "json", "markdown", "html"), default="text",
+                   help="html: one self-contained page with charts (no network)")
     p.add_argument("--out", default=None, help="write the report here instead of stdout")
     p.set_defaults(handler=_run_analyze)
 
@@ -56,13 +57,34 @@ def _run_analyze(args: argparse.Namespace) -> int:
     opts = analyze_options(args)
     iopts = ingest_options(args)
     assert isinstance(opts, AnalyzeOptions) and isinstance(iopts, IngestOptions)
-    _, report = analyze_path(args.path, args.db, opts, iopts)
-    text = render(report, args.format)
+    if args.format == "html":
+        text = _html_report(args.path, args.db, opts, iopts)
+    else:
+        _, report = analyze_path(args.path, args.db, opts, iopts)
+        text = render(report, args.format)
     if args.out:
         Path(args.out).write_text(text)
     else:
         sys.stdout.write(text)
     return ExitCode.OK
+
+
+def _html_report(path: str, db: str | None, opts: object, iopts: object) -> str:
+    """The HTML page needs the store beside the report (top kernels): analyzed on an open store."""
+    from diag.api import analyze_opened, open_store
+    from diag.engine import AnalyzeOptions
+    from diag.html_report import render_html
+    from diag.ingest.pipeline import IngestOptions
+
+    assert isinstance(opts, AnalyzeOptions) and isinstance(iopts, IngestOptions)
+    opened = open_store(path, db, iopts)
+    for e in opened.errors:
+        print(f"diag: warning: {e.one_line()}; analyzing the other files", file=sys.stderr)
+    try:
+        a, report = analyze_opened(opened.con, opts, opened.model_file, len(opened.errors))
+        return render_html(report, a, opened.con, Path(path).name)
+    finally:
+        opened.con.close()
 
 
 def _register_mfu(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -10,11 +10,11 @@ from typing import Any
 
 import duckdb
 import pytest
+from helpers import load_json, run_diag, shared_traces
 
 from diag.perfetto import parse_ranges
 from diag.states import LANES
 from fixtures.generate import generate
-from tests.helpers import load_json, run_diag, shared_traces
 
 pytestmark = pytest.mark.xdist_group("export")
 
