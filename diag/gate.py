@@ -478,7 +478,7 @@ def register_gate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                                                   "new findings at medium fail; see docs/gate.md)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare runs of a different world size, model or device instead of refusing (exit 2)")
-    p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    p.add_argument("--format", choices=("text", "json", "markdown", "html"), default="text")
     p.add_argument("--junit", default=None, metavar="FILE",
                    help="also write a JUnit XML report: one test case per check")
     add_model_options(p)

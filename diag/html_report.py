@@ -37,7 +37,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .kpi b{display:block;font-size:20px}table{border-collapse:collapse;width:100%}td,th{padding:4px 8px;text-align:left;
 border-bottom:1px solid #eee;vertical-align:top}th{background:#fafafa}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .finding{border-left:4px solid #D55E00;padding:6px 12px;margin:10px 0;background:#fffaf6}.finding.low,.finding.info{border-color:#999}
-.finding.medium{border-color:#E69F00}code{font-size:12px;word-break:break-all}.muted{color:#666}svg{max-width:100%;height:auto}
+.finding.medium{border-color:#E69F00}.fail{color:#b00020;font-weight:600}.pass{color:#007a4d;font-weight:600}code{font-size:12px;word-break:break-all}.muted{color:#666}svg{max-width:100%;height:auto}
 .legend span{display:inline-block;margin-right:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 """
 
@@ -46,9 +46,7 @@ def render_html(report: dict[str, Any], a: Analysis, con: duckdb.DuckDBPyConnect
     h = _header(report)
     windows = [lg.window_s for lg in a.run.ledgers]
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>diag report: {escape(title)}</title><style>{CSS}</style></head><body>",
-        f"<h1>diag report: {escape(title)}</h1>", f'<p class="muted">{escape(h[0])}</p>',
+        f'<p class="muted">{escape(h[0])}</p>',
         _kpis(report, windows),
         "<h2>Where the step went</h2>",
         '<p class="muted">MFU points from the dense peak down to the achieved MFU (mean over ranks and steps).</p>',
@@ -59,8 +57,25 @@ def render_html(report: dict[str, Any], a: Analysis, con: duckdb.DuckDBPyConnect
     ]
     if report["notes"]:
         parts += ["<h2>Notes</h2><ul>", *(f"<li>{escape(n)}</li>" for n in report["notes"]), "</ul>"]
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return page(f"diag report: {title}", parts)
+
+
+def page(title: str, body: list[str]) -> str:
+    """A whole page: the title as <title> and <h1>, then `body` (HTML), with the inline stylesheet."""
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>", f"<h1>{escape(title)}</h1>",
+        *body, "</body></html>",
+    ]) + "\n"
+
+
+def table(header: list[str], rows: list[list[str]], numeric: frozenset[int] = frozenset()) -> str:
+    """A table of text cells (escaped here); columns in `numeric` right-aligned."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    num = ' class="n"'
+    body = "".join("<tr>" + "".join(f"<td{num if i in numeric else ''}>{escape(c)}</td>"
+                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _kpis(r: dict[str, Any], windows: list[float]) -> str:

@@ -94,13 +94,17 @@ def export_perfetto(con: duckdb.DuckDBPyConnection, a: Analysis, report: dict[st
                                   f"(it has {sorted({r.rank for r in run.ranks})})")
     offset = {r: (run.offsets[r].offset_ns if r in run.offsets else 0) for r in ranks}
     windows = _windows(con, ranks, cut.steps)
+    ranks = [r for r in ranks if r in windows]   # --steps: a rank without those steps has nothing to show
     origin = min(lo + offset[r] for r, (lo, _) in windows.items())
     con.execute(store.sql_text("export.sql"))
+    waits = wait_intervals(run.matched)
     with _open_out(out) as f:
         f.write('{"displayTimeUnit":"ns","otherData":')
         f.write(json.dumps({
             "diag": "diag export --perfetto", "origin_ns": origin,
-            "clock_offsets_us": {str(r): offset[r] / 1000 for r in ranks},
+            # as the report writes them: null for a rank no collective links to the others (left unshifted)
+            "clock_offsets_us": {str(r): offset[r] / 1000 if r in run.offsets and run.offsets[r].linked else None
+                                 for r in ranks},
             "mfu": report.get("mfu"), "hfu": report.get("hfu"), "device": report.get("device"),
         }, separators=(",", ":")))
         f.write(',"traceEvents":[')
@@ -112,7 +116,7 @@ def export_perfetto(con: duckdb.DuckDBPyConnection, a: Analysis, report: dict[st
             while rows := cur.fetchmany(ROWS_PER_FETCH):
                 for (e,) in rows:
                     w.raw(e)
-            _ledger_track(con, w, a, r, offset[r], origin, cut.steps)
+            _ledger_track(con, w, a, waits, r, offset[r], origin, cut.steps)
             _steps_track(w, a, r, offset[r], origin, cut.steps)
             _findings_track(con, w, a, r, offset[r], origin, cut.steps)
         _wait_flows(con, w, set(ranks), offset, origin, cut.steps)
@@ -171,10 +175,10 @@ def _us(ns: int, offset: int, origin: int) -> float:
     return (ns + offset - origin) / 1000.0
 
 
-def _ledger_track(con: duckdb.DuckDBPyConnection, w: _Writer, a: Analysis, rank: int, offset: int, origin: int,
-                  steps: frozenset[int] | None) -> None:
-    """Each instant of each step labelled with its ledger bucket (states.ledger_runs)."""
-    waits = wait_intervals(a.run.matched)
+def _ledger_track(con: duckdb.DuckDBPyConnection, w: _Writer, a: Analysis, waits: dict[tuple[int, int], Any],
+                  rank: int, offset: int, origin: int, steps: frozenset[int] | None) -> None:
+    """Each instant of each step labelled with its ledger bucket (states.ledger_runs); `waits` are
+    collectives.wait_intervals of the run."""
     none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     for d in (d for d in a.run.ranks if d.rank == rank):
         tl = load_rank(con, d.file_id)
