@@ -16,7 +16,7 @@ import duckdb
 
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
-from diag.report import _header, _pct, _waterfall
+from diag.report import _header, _of, _pct, _waterfall
 
 # One colour per bucket (Okabe–Ito-like, distinguishable in colour-blindness simulations).
 COLOURS = {
@@ -198,7 +198,7 @@ def _findings(r: dict[str, Any]) -> str:
         ranks = ", ".join(map(str, f["ranks"][:32])) + (" …" if len(f["ranks"]) > 32 else "")
         out.append(
             f'<div class="finding {escape(f["severity"])}"><b>{escape(f["code"])} {escape(f["slug"])}</b> '
-            f'<span class="muted">[{escape(f["severity"])}] {f["mfu_points"]:.1f} MFU points'
+            f'<span class="muted">[{escape(f["severity"])}] {f["mfu_points"]:.1f} MFU points{escape(_of(f))}'
             + (f" · MFU {_pct(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"]
                else "")
             + f'</span><p>{escape(f["summary"])}</p><p><b>What to do:</b> {escape(f["advice"])}</p>'
