@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from diag.critical_path import report_entry
 from diag.durations import duration
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
@@ -65,6 +66,7 @@ def build_report(a: Analysis) -> dict[str, Any]:
                                                "tokens_per_step": a.model.tokens_per_step},
         "flops_source": a.flops_source,
         "notes": run.notes,
+        "critical_path": [report_entry(p) for p in a.critical_path],
     }
 
 

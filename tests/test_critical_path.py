@@ -1,0 +1,94 @@
+"""The cross-rank critical path (diag/critical_path.py) on generated cases whose path is known by
+construction: the straggler's, the data loader's, the 1F1B pipeline's."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from test_cases import Run, run_case
+
+from diag.api import analyze_path
+from diag.engine import AnalyzeOptions
+from fixtures.generate import generate
+from fixtures.scenarios import load_case
+
+
+def _paths(run: Run) -> list[dict[str, Any]]:
+    paths = run.report["critical_path"]
+    assert paths, run.case
+    return paths
+
+
+@pytest.mark.parametrize("case", ["straggler", "dataloader", "pipeline_1f1b", "healthy"])
+def test_the_path_is_contiguous_and_its_summary_adds_up(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = run_case(case, tmp_path_factory)
+    for p in _paths(run):
+        segs = p["segments"]
+        assert p["omitted"]["segments"] == 0 or len(segs) == 40
+        if p["omitted"]["segments"] == 0:
+            for a, b in zip(segs, segs[1:], strict=False):
+                assert a["end_us"] == pytest.approx(b["start_us"], abs=1e-3)
+            assert p["summary"]["length_us"] == pytest.approx(segs[-1]["end_us"] - segs[0]["start_us"], abs=1e-2)
+        assert sum(p["summary"]["by_kind"].values()) == pytest.approx(1.0)
+        assert sum(p["summary"]["by_rank"].values()) == pytest.approx(1.0)
+        assert {s["kind"] for s in segs} <= {"compute", "comm", "wait", "copy", "idle", "host"}
+
+
+def test_the_straggler_path_is_its_whole_step(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Rank 5 computes 1.2× slower and every other rank waits for it in each all-reduce: the path
+    is rank 5 from its step's start to its end, so the path's compute is rank 5's compute time."""
+    run = run_case("straggler", tmp_path_factory)
+    slow = load_case("straggler").straggler_rank
+    states = run.analysis.run.states
+    files = {r.file_id: r for r in run.analysis.run.ranks}
+    for p in _paths(run):
+        assert p["summary"]["by_rank"] == {str(slow): pytest.approx(1.0)}
+        (fid, i), st = next(((k, st) for k, st in states.items()
+                             if files[k[0]].rank == slow and st.step == p["step"]))
+        assert p["summary"]["length_us"] == pytest.approx(st.window_ns / 1000, abs=0.01)
+        compute = p["summary"]["by_kind"]["compute"] * p["summary"]["length_us"]
+        assert compute == pytest.approx(st.compute_ns / 1000, abs=0.01)
+
+
+def test_the_dataloader_path_starts_in_the_loader_wait(tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = run_case("dataloader", tmp_path_factory)
+    loader_us = load_case("dataloader").loader_us
+    for p in _paths(run):
+        first = next(s for s in p["segments"] if s["end_us"] - s["start_us"] > 100)
+        assert (first["kind"], first["what"]) == ("host", "dataloader")
+        # The GPU idles for the loader's span less the little it still had to do of the step before.
+        assert first["end_us"] - first["start_us"] == pytest.approx(loader_us, rel=0.05)
+
+
+def test_the_pipeline_path_runs_down_and_up_the_stages(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """1F1B: the first micro-batch's forward crosses stages 0 → p−1 before anything else can end
+    the step, and the last backward crosses p−1 → 0; the path enters each stage in that order."""
+    run = run_case("pipeline_1f1b", tmp_path_factory)
+    pp = load_case("pipeline_1f1b").pp
+    for p in _paths(run):
+        order: list[int] = []
+        for s in p["segments"]:
+            if not order or order[-1] != s["rank"]:
+                order.append(s["rank"])
+        assert order[:pp] == list(range(pp))
+        assert order[-pp:] == list(reversed(range(pp)))
+        joined = [s for s in p["segments"] if s["kind"] == "comm" and s["what"]]
+        assert joined and all("p2p" in s["what"] for s in joined)
+
+
+def test_the_store_keeps_every_segment(tmp_path: Path) -> None:
+    """The report keeps the longest segments of a step; the `critical_path` table keeps them all."""
+    generate("pipeline_1f1b", tmp_path / "traces")
+    db = tmp_path / "run.duckdb"
+    analysis, report = analyze_path(str(tmp_path / "traces"), str(db), AnalyzeOptions(), warn=False)
+    with closing(duckdb.connect(str(db), read_only=True)) as con:
+        rows = con.execute("SELECT step, count(*), sum(end_ns - start_ns), min(seq), max(seq) "
+                           "FROM critical_path GROUP BY step ORDER BY step").fetchall()
+    assert [r[0] for r in rows] == [p["step"] for p in report["critical_path"]]
+    for (_, n, length, lo, hi), p in zip(rows, report["critical_path"], strict=True):
+        assert n == len(p["segments"]) + p["omitted"]["segments"] and (lo, hi) == (0, n - 1)
+        assert length / 1000 == pytest.approx(p["summary"]["length_us"])
