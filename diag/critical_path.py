@@ -72,10 +72,10 @@ class _Join:
 
 def critical_paths(con: duckdb.DuckDBPyConnection, run: RunContext) -> list[StepPath]:
     """The path of every step number present on any rank."""
-    offsets = {r: o.offset_ns if o.linked else 0 for r, o in run.offsets.items()}
+    offsets = aligned_offsets(run)
     files = {r.file_id: r for r in run.ranks}
     joins = _joins(run.matched, offsets)
-    runs = _RunCache(con, files, offsets)
+    runs = RunCache(con, files, offsets)
     windows: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)   # step → file → aligned window
     for r in run.ranks:
         off = offsets.get(r.rank, 0)
@@ -83,6 +83,11 @@ def critical_paths(con: duckdb.DuckDBPyConnection, run: RunContext) -> list[Step
             windows[step][r.file_id] = (int(r.steps.start_ns[i]) + off, int(r.steps.end_ns[i]) + off)
     return [StepPath(step, _merge(_walk(step, windows[step], joins, runs, files)))
             for step in sorted(windows)]
+
+
+def aligned_offsets(run: RunContext) -> dict[int, int]:
+    """rank → ns to add to its times for the aligned clock (0 where no match links it)."""
+    return {r: o.offset_ns if o.linked else 0 for r, o in run.offsets.items()}
 
 
 def _joins(matched: list[Matched], offsets: dict[int, int]) -> dict[int, list[_Join]]:
@@ -111,7 +116,7 @@ def _joins(matched: list[Matched], offsets: dict[int, int]) -> dict[int, list[_J
     return out
 
 
-class _RunCache:
+class RunCache:
     """Each visited file's state runs (aligned), idle split into host and idle, read once."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, files: dict[int, RankDigest], offsets: dict[int, int]):
@@ -165,7 +170,7 @@ def _split(a: int, b: int, spans: list[tuple[int, int]]) -> Iterator[tuple[int, 
         yield t, b, False
 
 
-def _walk(step: int, windows: dict[int, tuple[int, int]], joins: dict[int, list[_Join]], runs: _RunCache,
+def _walk(step: int, windows: dict[int, tuple[int, int]], joins: dict[int, list[_Join]], runs: RunCache,
           files: dict[int, RankDigest]) -> list[Segment]:
     if not windows:
         return []

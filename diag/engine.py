@@ -28,6 +28,7 @@ from diag.ledger import StepLedger
 from diag.states import I64, StepStates, covered_ns, with_waits
 from diag.step_outliers import excluded_steps
 from diag.timeline import RankTimeline, load_rank, load_ranks, rank_files
+from diag.what_if import retimed
 from rules import RULES
 from rules.base import Rule
 
@@ -204,6 +205,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     tables.write_run(con, run)
     paths = critical_paths(con, run)
     write_critical_path(con, paths)
+    findings = retimed(con, run, findings)
     return Analysis(run, findings, spec, flops_source, paths)
 
 
