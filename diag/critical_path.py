@@ -75,13 +75,13 @@ def critical_paths(con: duckdb.DuckDBPyConnection, run: RunContext) -> list[Step
     offsets = aligned_offsets(run)
     files = {r.file_id: r for r in run.ranks}
     joins = _joins(run.matched, offsets)
-    runs = RunCache(con, files, offsets)
     windows: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)   # step → file → aligned window
     for r in run.ranks:
         off = offsets.get(r.rank, 0)
         for i, step in enumerate(r.steps.step):
             windows[step][r.file_id] = (int(r.steps.start_ns[i]) + off, int(r.steps.end_ns[i]) + off)
-    return [StepPath(step, _merge(_walk(step, windows[step], joins, runs, files)))
+    # One step's runs at a time: memory holds the ranks one step's path visits, whatever the run's length.
+    return [StepPath(step, _merge(_walk(step, windows[step], joins, RunCache(con, files, offsets, step), files)))
             for step in sorted(windows)]
 
 
@@ -117,10 +117,11 @@ def _joins(matched: list[Matched], offsets: dict[int, int]) -> dict[int, list[_J
 
 
 class RunCache:
-    """Each visited file's state runs (aligned), idle split into host and idle, read once."""
+    """One step's state runs (aligned) of each file visited, idle split into host and idle, read once."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, files: dict[int, RankDigest], offsets: dict[int, int]):
-        self.con, self.files, self.offsets = con, files, offsets
+    def __init__(self, con: duckdb.DuckDBPyConnection, files: dict[int, RankDigest], offsets: dict[int, int],
+                 step: int):
+        self.con, self.files, self.offsets, self.step = con, files, offsets, step
         self.cache: dict[int, list[tuple[int, int, str, str | None]]] = {}
 
     def of(self, file_id: int) -> list[tuple[int, int, str, str | None]]:
@@ -131,17 +132,24 @@ class RunCache:
     def _read(self, file_id: int) -> Iterator[tuple[int, int, str, str | None]]:
         r = self.files[file_id]
         off = self.offsets.get(r.rank, 0)
+        steps = r.steps.step
+        if self.step not in steps:
+            return
+        i = steps.index(self.step)
         # The next activity by start after an idle run: the GPU waited for its launch call until it
-        # returned (states._host_bound, the ledger's host_bound).
+        # returned (states._host_bound, the ledger's host_bound). Windows tile the timeline, so it
+        # starts before the next window ends.
+        hi = int(r.steps.end_ns[i + 1]) if i + 1 < len(steps) else None
         rows = self.con.execute(
             """
             SELECT g.start_ns, g.end_ns, g.state, a.launch_end_ns
-            FROM (SELECT * FROM gpu_segments WHERE file_id = $f) g
-            ASOF LEFT JOIN (SELECT ts_ns, launch_end_ns FROM activities WHERE file_id = $f) a
+            FROM (SELECT * FROM gpu_segments WHERE file_id = $f AND step = $s) g
+            ASOF LEFT JOIN (SELECT ts_ns, launch_end_ns FROM activities
+                            WHERE file_id = $f AND ts_ns >= $lo AND ($hi IS NULL OR ts_ns < $hi)) a
               ON a.ts_ns >= g.end_ns
             ORDER BY g.start_ns
             """,
-            {"f": file_id},
+            {"f": file_id, "s": self.step, "lo": int(r.steps.start_ns[i]), "hi": hi},
         ).fetchall()
         ds, de = r.dataloader_spans
         loader = sorted(zip(ds.tolist(), de.tolist(), strict=True))

@@ -47,13 +47,14 @@ def straggler_what_if(con: duckdb.DuckDBPyConnection, run: RunContext, slow: set
     if run.mfu is None or run.peak.flops_per_s is None:
         return None
     offsets = aligned_offsets(run)
-    runs = RunCache(con, {r.file_id: r for r in run.ranks}, offsets)
+    files = {r.file_id: r for r in run.ranks}
     by_step: dict[int, list[tuple[int, int]]] = defaultdict(list)   # step → (file, index)
     for fid, i in run.states:
         by_step[run.states[(fid, i)].step].append((fid, i))
     calls = _calls(run.matched, offsets)
     ratio: dict[int, float] = {}
     for step, keys in by_step.items():
+        runs = RunCache(con, files, offsets, step)
         median = statistics.median(run.states[k].compute_ns for k in keys)
         saved: dict[int, tuple[float, list[tuple[int, int, float]]]] = {}   # file → (fraction saved, its compute runs)
         for fid, i in keys:
