@@ -83,6 +83,9 @@ class Finding:
     # Of step time, the part a fix can plausibly win: all of an exposed collective; for GEMMs only
     # the gap to what their shape can reach on this part. Findings are ranked by it.
     recoverable_fraction: float = field(kw_only=True)
+    # The bucket-removal estimate (RunContext.what_if), kept beside a what_if_mfu re-timed on the
+    # critical path's graph (diag/what_if.py); equal where no re-timed what-if is built.
+    what_if_mfu_naive: float | None = field(default=None, kw_only=True)
 
     @property
     def mfu_points(self) -> float:

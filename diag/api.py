@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -19,6 +20,8 @@ from diag.ingest.discover import require_paths
 from diag.ingest.pipeline import IngestOptions, IngestResult, ingest
 from diag.progress import Bars, Progress, terminal_progress
 from diag.report import build_report
+
+T = TypeVar("T")
 
 _DUCKDB_MAGIC = b"DUCK"
 
@@ -132,20 +135,30 @@ def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = Analyz
                  progress: bool = False) -> tuple[Analysis, dict[str, Any]]:
     """PATH ingested and analyzed, the files left out said on stderr; with `progress`, bars for
     both on a terminal (diag/progress.py)."""
+    return analyze_and_use(path, db, opts, ingest_opts, lambda con, a, report: (a, report), warn, progress)
+
+
+def analyze_and_use(path: str, db: str | None, opts: AnalyzeOptions, ingest_opts: IngestOptions,
+                    use: Callable[[duckdb.DuckDBPyConnection, Analysis, dict[str, Any]], T],
+                    warn: bool = True, progress: bool = False) -> T:
+    """As analyze_path, with `use` called on the store while it is still open: outputs that read
+    the store beside the report (the HTML page's top kernels, the Perfetto export)."""
     # --executor ray: one Ray for the parse and the analysis map (the ingest joins it). The local
     # executor maps in this process: on one machine the export to the workers costs what it saves.
     with make_executor("ray", ingest_opts.jobs) if ingest_opts.executor == "ray" else nullcontext() as executor, \
             terminal_progress() if progress else nullcontext(Bars(None)) as bars:
         opened = open_store(path, db, ingest_opts, bars.task("ingest"))
         try:
-            analyzed = analyze_opened(opened.con, opts, opened.model_file, len(opened.errors),
-                                      executor=executor, spill_dir=ingest_opts.spill_dir, progress=bars.task("ranks"))
+            a, report = analyze_opened(opened.con, opts, opened.model_file, len(opened.errors),
+                                       executor=executor, spill_dir=ingest_opts.spill_dir,
+                                       progress=bars.task("ranks"))
+            used = use(opened.con, a, report)
         finally:
             opened.con.close()
     # After the analysis: when it fails (exit 2) its one line is all stderr says.
     if warn:
         print_warnings(opened.errors, opened.warnings)
-    return analyzed
+    return used
 
 
 def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None = None,

@@ -77,8 +77,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="keep warm-up and teardown steps in the means (left out and listed by default)")
 
 
-def _add_report_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=FORMATS, default="text")
+def _add_report_options(p: argparse.ArgumentParser, html: bool = False) -> None:
+    p.add_argument("--format", choices=FORMATS + ("html",) if html else FORMATS, default="text",
+                   help="html: one self-contained page with charts (no network)" if html else None)
 
 
 def _add_ui_options(p: argparse.ArgumentParser) -> None:
@@ -102,9 +103,21 @@ def _analyze(sub: Subparsers) -> None:
     p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
     add_model_options(p)
     add_ingest_options(p)
-    _add_report_options(p)
+    _add_report_options(p, html=True)
     p.add_argument("--out", default=None, help="write the report here instead of stdout")
     p.set_defaults(handler=commands.run_analyze)
+
+
+def _export(sub: Subparsers) -> None:
+    p = sub.add_parser("export", help="all ranks on the aligned clock with the ledger, for Perfetto (docs/export.md)")
+    p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
+    p.add_argument("--perfetto", required=True, metavar="OUT.json[.gz]",
+                   help="Chrome trace-event JSON to write (gzip when the name ends in .gz); open it in ui.perfetto.dev")
+    p.add_argument("--ranks", default=None, help="ranks to export, e.g. 0-7,64 (default: all)")
+    p.add_argument("--steps", default=None, help="steps to export, e.g. 10-12 (default: all)")
+    add_model_options(p)
+    add_ingest_options(p)
+    p.set_defaults(handler=commands.run_export)
 
 
 def _demo(sub: Subparsers) -> None:
@@ -145,10 +158,10 @@ def _gate(sub: Subparsers) -> None:
                                    "directory, or a diag DuckDB file")
     p.add_argument("--baseline", required=True, help="the reference run, in any of the same forms")
     p.add_argument("--budget", default=None, help="budget TOML (default: 1 MFU point, 1 point per bucket, "
-                                                  "new findings at medium fail; see docs/gate.md)")
+                                                                 "new findings at medium fail; see docs/gate.md)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare runs of a different world size, model or device instead of refusing (exit 2)")
-    _add_report_options(p)
+    _add_report_options(p, html=True)
     p.add_argument("--junit", default=None, metavar="FILE",
                    help="also write a JUnit XML report: one test case per check")
     add_model_options(p)
@@ -174,7 +187,7 @@ def _example(sub: Subparsers) -> None:
     p.set_defaults(handler=run_example_command)
 
 
-COMMANDS = (_ingest, _analyze, _tui, _live, _gate, _mfu, _demo, _capture, _example)
+COMMANDS = (_ingest, _analyze, _export, _tui, _live, _gate, _mfu, _demo, _capture, _example)
 
 
 def build_parser() -> DiagParser:

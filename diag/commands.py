@@ -95,16 +95,39 @@ def run_ingest(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------- analyze
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from diag.api import analyze_path
+    from diag.api import analyze_and_use
     from diag.report import render
 
     opts, iopts = analyze_options(args), ingest_options(args)
-    _, report = analyze_path(args.path, args.db, opts, iopts, progress=True)
-    text = render(report, args.format)
+    if args.format == "html":
+        from diag.html_report import render_html
+
+        # The page reads the store beside the report (top kernels with their achieved TFLOP/s).
+        text = analyze_and_use(args.path, args.db, opts, iopts,
+                               lambda con, a, report: render_html(report, a, con, Path(args.path).name),
+                               progress=True)
+    else:
+        text = analyze_and_use(args.path, args.db, opts, iopts,
+                               lambda con, a, report: render(report, args.format), progress=True)
     if args.out:
         _write(args.out, text)
     else:
         sys.stdout.write(text)
+    return ExitCode.OK
+
+
+# ------------------------------------------------------------------------------------ export
+
+def run_export(args: argparse.Namespace) -> int:
+    from diag.api import analyze_and_use
+    from diag.perfetto import Cut, export_perfetto, parse_ranges
+
+    cut = Cut(parse_ranges(args.ranks, "--ranks") if args.ranks else None,
+              parse_ranges(args.steps, "--steps") if args.steps else None)
+    out = Path(args.perfetto)
+    n = analyze_and_use(args.path, args.db, analyze_options(args), ingest_options(args),
+                        lambda con, a, report: export_perfetto(con, a, report, out, cut), progress=True)
+    print(f"{printable(str(out))}\t{n} events\t{out.stat().st_size / 1e6:.1f} MB")
     return ExitCode.OK
 
 

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from diag import kernels
 from diag.collectives import Call, calls_of
-from diag.states import StateRuns, StepStates, Waitable, exposed_comm_ns, rank_states
+from diag.states import I64, StateRuns, StepStates, Waitable, exposed_comm_ns, rank_states
 from diag.timeline import MATMUL_CLASSES, RankTimeline, Steps
 
 # cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math (gemm_shape.py,
@@ -52,6 +52,8 @@ class RankDigest:
     backward_pass: bool = True          # RankTimeline.backward_pass: this rank trains
     graph_kernel_ns: int = 0            # the part of kernel_ns a CUDA/HIP graph launch ran
     graph_launches: int = 0             # graph launch calls behind them
+    # The data loader's CPU spans (own clock): the critical path calls idle time under them `host`.
+    dataloader_spans: tuple[I64, I64] = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
 
 
 def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:
@@ -59,9 +61,7 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
 
     Sets each communication kernel's collective from its CPU-side call first: the op names it
     better than the kernel (an NCCL send/recv kernel may be an all-to-all)."""
-    calls = calls_of(con, tl)
-    for c in calls:
-        tl.collective[c.act] = c.collective
+    calls = name_collectives(con, tl)
     states, runs, waitable = rank_states(tl)
     matmul = np.isin(tl.kclass, list(MATMUL_CLASSES))
     dur = tl.end_ns[matmul] - tl.ts_ns[matmul]
@@ -74,8 +74,17 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         int(kernel_dur.sum()), _time_by_name(tl, tl.kernel, _unknown_name), backward_pass=tl.backward_pass,
         graph_kernel_ns=int(kernel_dur[graph].sum()),
         graph_launches=len(set(np.asarray(tl.correlation, dtype=object)[tl.kernel][graph].tolist())),
+        dataloader_spans=tl.dataloader_spans,
     )
     return digest, runs
+
+
+def name_collectives(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
+    """The rank's collective calls, each communication kernel's collective set from its call."""
+    calls = calls_of(con, tl)
+    for c in calls:
+        tl.collective[c.act] = c.collective
+    return calls
 
 
 def _name_dtype(name: str) -> str | None:

@@ -6,7 +6,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Generator
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -18,6 +18,8 @@ from diag import model as model_mod
 from diag.analysis import Finding, Peak, RankContext, RunContext, StepContext
 from diag.clocks import clock_notes, clock_offsets
 from diag.collectives import Matched, match, wait_intervals
+from diag.critical_path import StepPath, critical_paths
+from diag.critical_path import write as write_critical_path
 from diag.digest import RankDigest, digest_rank
 from diag.errors import BadInput
 from diag.executor import Executor
@@ -27,6 +29,7 @@ from diag.progress import Progress
 from diag.states import I64, StepStates, covered_ns, with_waits
 from diag.step_outliers import excluded_steps
 from diag.timeline import RankTimeline, load_rank, load_ranks, rank_files
+from diag.what_if import retimed
 from rules import RULES
 from rules.base import Rule
 
@@ -46,6 +49,7 @@ class Analysis:
     findings: list[Finding]
     model: model_mod.ModelSpec | None
     flops_source: str                 # how model FLOPs were obtained, one line
+    critical_path: list[StepPath] = field(default_factory=list)   # per step number (critical_path.py)
 
 
 def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOptions(),
@@ -203,7 +207,10 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     findings = sorted((f for r in rules for f in r.findings(run)),
                       key=lambda f: (-f.recoverable_fraction, -f.lost_fraction, f.code))
     tables.write_run(con, run)
-    return Analysis(run, findings, spec, flops_source)
+    paths = critical_paths(con, run)
+    write_critical_path(con, paths)
+    findings = retimed(con, run, findings)
+    return Analysis(run, findings, spec, flops_source, paths)
 
 
 def _take_out_waits(exposed: dict[tuple[int, int], int], ranks: list[RankDigest], matched: list[Matched]) -> None:

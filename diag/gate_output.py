@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from html import escape
 from typing import Any
 
 from diag.errors import BadInput, ExitCode
@@ -87,6 +88,8 @@ def render(r: GateResult, fmt: str) -> str:
         return json.dumps(to_dict(r), indent=2) + "\n"
     if fmt == "markdown":
         return render_markdown(r)
+    if fmt == "html":
+        return render_html(r)
     return render_text(r)
 
 
@@ -196,6 +199,34 @@ def render_markdown(r: GateResult) -> str:
         out += ["### Within noise", ""] + [f"- {describe(c, k)}" for c in r.noise] + [""]
     out += [f"- mismatch allowed: {m}" for m in r.mismatches] + [f"- note: {n}" for n in r.notes]
     return "\n".join(out).rstrip("\n") + "\n\n"
+
+
+# ----------------------------------------------------------------------------------------- HTML
+
+def render_html(r: GateResult) -> str:
+    """The baseline-vs-current tables as one self-contained page (diag/html_report.py)."""
+    from diag.html_report import page, table
+
+    k = r.budget.noise_k
+    verdict = '<p class="fail">FAILED</p>' if r.failed else '<p class="pass">PASSED</p>'
+    body = [verdict, f"<p>{escape(headline(r))}</p>",
+            f"<ul><li>{escape(_run_line('baseline', r.baseline))}</li><li>{escape(_run_line('current', r.current))}</li></ul>",
+            "<h2>MFU points</h2>",
+            table(["bucket", "baseline", "current", "Δ", "budget", "noise", "verdict"],
+                  [[*_metric_cells(c), _WORD[c.verdict]] for c in r.metrics], frozenset({1, 2, 3, 4, 5})),
+            "<h2>Rules (a new finding fails)</h2>",
+            table(["rule", "baseline", "current", "fails at", "verdict"],
+                  [[*_rule_cells(c), _WORD[c.verdict]] for c in r.rules]),
+            f"<p class=\"muted\">Noise is {k:g} × the baseline's step-to-step standard deviation: a change beyond "
+            "the budget but inside it passes.</p>"]
+    if r.failures:
+        body += ["<h2>What got worse</h2><ul>", *(f"<li>{escape(describe(c, k))}</li>" for c in worst_first(r)), "</ul>"]
+    if r.noise:
+        body += ["<h2>Within noise</h2><ul>", *(f"<li>{escape(describe(c, k))}</li>" for c in r.noise), "</ul>"]
+    notes = [f"mismatch allowed: {m}" for m in r.mismatches] + [f"note: {n}" for n in r.notes]
+    if notes:
+        body += ["<ul>", *(f"<li>{escape(n)}</li>" for n in notes), "</ul>"]
+    return page("diag gate", body)
 
 
 # ---------------------------------------------------------------------------------------- JUnit

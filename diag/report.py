@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from diag import __version__
+from diag.critical_path import report_entry
 from diag.durations import duration
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
@@ -67,6 +68,7 @@ def build_report(a: Analysis) -> dict[str, Any]:
                                                "tokens_per_step": a.model.tokens_per_step},
         "flops_source": a.flops_source,
         "notes": run.notes,
+        "critical_path": [report_entry(p) for p in a.critical_path],
     }
 
 
@@ -83,7 +85,7 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 def _finding(f: Any) -> dict[str, Any]:
     return {
         "code": f.code, "slug": f.slug, "severity": f.severity, "bucket": f.bucket, "lost_fraction": f.lost_fraction,
-        "recoverable_fraction": f.recoverable_fraction, "lost_s": f.lost_s, "mfu_points": f.mfu_points, "what_if_mfu": f.what_if_mfu, "ranks": f.ranks,
+        "recoverable_fraction": f.recoverable_fraction, "lost_s": f.lost_s, "mfu_points": f.mfu_points, "what_if_mfu": f.what_if_mfu, "what_if_mfu_naive": f.what_if_mfu_naive, "ranks": f.ranks,
         "steps": f.steps, "evidence": f.evidence, "advice": f.advice, "summary": f.summary, "details": f.details,
     }
 
@@ -167,6 +169,21 @@ def _of(f: dict[str, Any]) -> str:
     return f" of {f['bucket']}{gain}"
 
 
+def path_line(r: dict[str, Any]) -> str:
+    """Which rank and which kind of time hold the most of the critical path, mean over steps."""
+    paths = r["critical_path"]
+    share: dict[str, dict[str, float]] = {}
+    for key in ("by_rank", "by_kind"):
+        total: dict[str, float] = defaultdict(float)
+        for p in paths:
+            for k, v in p["summary"][key].items():
+                total[k] += v / len(paths)
+        share[key] = total
+    rank, kind = (max(share[k], key=lambda x: share[k][x]) for k in ("by_rank", "by_kind"))
+    return (f"critical path: rank {rank} holds {share['by_rank'][rank]:.0%} of it, {kind} {share['by_kind'][kind]:.0%} "
+            f"(mean over {len(paths)} steps; docs/critical_path.md)")
+
+
 def render_text(r: dict[str, Any]) -> str:
     lines = ["diag — where the step went", *_header(r), ""]
     lines.append("waterfall (MFU points, mean over ranks and steps)")
@@ -176,6 +193,8 @@ def render_text(r: dict[str, Any]) -> str:
     lines.append(f"  = {'model_compute (MFU)':<20}{_mfu_points(r):>7}")
     if r["worst_rank"] is not None and len(r["ranks"]) > 1:
         lines.append(_worst(r))
+    if r["critical_path"]:
+        lines.append(path_line(r))
     lines.append("")
     if r["findings"]:
         lines.append("findings, by what a fix can win")

@@ -62,39 +62,11 @@ class Waitable:
 def rank_states(tl: RankTimeline) -> tuple[list[StepStates], StateRuns, Waitable]:
     """The step states of one rank with `wait_ns` 0 (filled by `with_waits` once the ranks are
     matched), the state runs for the lanes, and the time the waits are measured on."""
-    kcl = tl.kclass
-    is_kernel = tl.kernel
-    is_comm = is_kernel & (kcl == "comm")
-    is_p2p = is_comm & (np.array(tl.collective, dtype=object) == "sendrecv")
-    ts, end = tl.ts_ns, tl.end_ns
-
-    def pick(mask: npt.NDArray[np.bool_]) -> tuple[I64, I64]:
-        return ts[mask], end[mask]
-
-    wstart, wend = tl.steps.start_ns, tl.steps.end_ns
-    seg = sweep(
-        {
-            "compute": pick(is_kernel & ~is_comm),
-            "comm": pick(is_comm),
-            "copy": pick(~is_kernel),
-            "matmul": pick(is_kernel & np.isin(kcl, list(MATMUL_CLASSES))),
-            "p2p": pick(is_p2p),
-            "coll": pick(is_comm & ~is_p2p),
-            "dataloader": tl.dataloader_spans,
-            "recompute": pick(is_kernel & ~is_comm & (tl.phase == "recompute")),
-        },
-        cuts=np.concatenate([wstart, wend]),
-    )
-    a = seg.active
+    seg, m, host, win = _sweep_states(tl)
+    compute, comm, copy, idle = m["compute"], m["comm"], m["copy"], m["idle"]
+    p2p_only, dataloader, a = m["p2p_only"], m["dataloader"], seg.active
     dur = seg.end_ns - seg.start_ns
-    compute = a["compute"] > 0
-    comm = ~compute & (a["comm"] > 0)
-    copy = ~compute & ~comm & (a["copy"] > 0)
-    idle = ~compute & ~comm & ~copy
-    p2p_only = comm & (a["coll"] == 0) & (a["p2p"] > 0)
-    dataloader = idle & (a["dataloader"] > 0)
-    host = np.where(idle & ~dataloader, _host_bound(seg, tl), 0)
-    win = window_index(seg, wstart, wend)
+    wstart, wend = tl.steps.start_ns, tl.steps.end_ns
 
     def per_window(mask: npt.NDArray[np.bool_] | None, values: I64 | None = None) -> I64:
         v = dur if values is None else values
@@ -123,6 +95,78 @@ def rank_states(tl: RankTimeline) -> tuple[list[StepStates], StateRuns, Waitable
     keep = waitable.state == 1
     return out, _runs(seg, win, state_idx), Waitable(waitable.step[keep], waitable.start_ns[keep], waitable.end_ns[keep])
 
+
+
+def _sweep_states(tl: RankTimeline, waits: tuple[I64, I64] | None = None) -> tuple[
+        Segments, dict[str, npt.NDArray[np.bool_]], I64, I64]:
+    """The sweep behind both the step sums and the ledger lanes: segments, each segment's state
+    masks, its host-bound ns (from its start) and its step window (-1: outside every step).
+    `waits` adds the intervals waiting for the last rank as one more kind (`wait`)."""
+    kcl = tl.kclass
+    is_kernel = tl.kernel
+    is_comm = is_kernel & (kcl == "comm")
+    is_p2p = is_comm & (np.array(tl.collective, dtype=object) == "sendrecv")
+    ts, end = tl.ts_ns, tl.end_ns
+
+    def pick(mask: npt.NDArray[np.bool_]) -> tuple[I64, I64]:
+        return ts[mask], end[mask]
+
+    wstart, wend = tl.steps.start_ns, tl.steps.end_ns
+    kinds = {
+        "compute": pick(is_kernel & ~is_comm),
+        "comm": pick(is_comm),
+        "copy": pick(~is_kernel),
+        "matmul": pick(is_kernel & np.isin(kcl, list(MATMUL_CLASSES))),
+        "p2p": pick(is_p2p),
+        "coll": pick(is_comm & ~is_p2p),
+        "dataloader": tl.dataloader_spans,
+        "recompute": pick(is_kernel & ~is_comm & (tl.phase == "recompute")),
+    }
+    if waits is not None:
+        kinds["wait"] = waits
+    seg = sweep(kinds, cuts=np.concatenate([wstart, wend]))
+    a = seg.active
+    compute = a["compute"] > 0
+    comm = ~compute & (a["comm"] > 0)
+    copy = ~compute & ~comm & (a["copy"] > 0)
+    idle = ~compute & ~comm & ~copy
+    dataloader = idle & (a["dataloader"] > 0)
+    masks = {"compute": compute, "comm": comm, "copy": copy, "idle": idle, "dataloader": dataloader,
+             "p2p_only": comm & (a["coll"] == 0) & (a["p2p"] > 0)}
+    host = np.where(idle & ~dataloader, _host_bound(seg, tl), 0)
+    return seg, masks, host, window_index(seg, wstart, wend)
+
+
+# The ledger buckets that are time intervals on the GPU (docs/export.md), and `compute` for the
+# compute pool, which the ledger splits per step by FLOPs, not by instant.
+LANES = ("compute", "exposed_comm", "straggler", "pipeline_bubble", "memcpy", "dataloader", "host_bound", "idle_other")
+
+
+def ledger_runs(tl: RankTimeline, waits: tuple[I64, I64]) -> StateRuns:
+    """Each instant of the rank's steps labelled with its ledger bucket (`state` indexes LANES),
+    by the measures the claims take (engine._ledger, rules/): send/recv only → pipeline_bubble,
+    other communication inside a wait for the last rank → straggler (with_waits), the rest of
+    communication → exposed_comm; idle in the data loader → dataloader, idle before the next
+    launch returned → host_bound (from the idle run's start, as _host_bound measures it), the rest
+    → idle_other; copies → memcpy."""
+    seg, m, host, win = _sweep_states(tl, waits)
+    waiting = m["comm"] & ~m["p2p_only"] & (seg.active["wait"] > 0)
+    lane = np.select(
+        [m["compute"], m["p2p_only"], waiting, m["comm"], m["copy"], m["dataloader"]],
+        [LANES.index(b) for b in ("compute", "pipeline_bubble", "straggler", "exposed_comm", "memcpy", "dataloader")],
+        default=LANES.index("idle_other"),
+    ).astype(np.int8)
+    # An idle segment's host-bound part is its first `host` ns: split it in two.
+    split = host > 0
+    cut = seg.start_ns + host
+    start = np.concatenate([seg.start_ns, cut[split]])
+    stop = np.concatenate([np.where(split, cut, seg.end_ns), seg.end_ns[split]])
+    label = np.concatenate([np.where(split, np.int8(LANES.index("host_bound")), lane), lane[split]])
+    where = np.concatenate([win, win[split]])
+    order = np.argsort(start, kind="stable")
+    keep = stop[order] > start[order]
+    o = order[keep]
+    return _runs(Segments(start[o], stop[o], {}), where[o], label[o].astype(np.int8))
 
 def with_waits(states: list[StepStates], steps_start_ns: I64, steps_end_ns: I64, waitable: Waitable,
                waits: tuple[I64, I64]) -> list[StepStates]:

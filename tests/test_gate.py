@@ -556,3 +556,16 @@ def test_nan_budget_exits_2(healthy: Report, gate: Callable[..., Result], tmp_pa
     cur = write(tmp_path / "cur.json", moved(healthy, 5, "model_compute", "exposed_comm"))
     res = gate("--baseline", base, cur, "--budget", budget(tmp_path / "b.toml", text))
     assert res.code == 2 and "finite" in res.err and res.err.count("\n") == 1, res
+def test_html_is_one_page_with_the_baseline_vs_current_table(healthy: Report, gate: Callable[..., Result],
+                                                              tmp_path: Path) -> None:
+    from test_html_report import check_page
+
+    base = write(tmp_path / "base.json", healthy)
+    cur = write(tmp_path / "cur.json", moved(healthy, 2.5, "model_compute", "exposed_comm"))
+    res = gate("--baseline", base, cur, "--format", "html")
+    assert res.code == 1
+    assert check_page(res.out) == []   # tables only: no charts
+    doc = as_json(gate("--baseline", base, cur, "--format", "json"))
+    row = check(doc, "exposed_comm")
+    cells = f"<td class=\"n\">{row['baseline_points']:.2f}%</td><td class=\"n\">{row['current_points']:.2f}%</td>"
+    assert cells in res.out and "FAILED" in res.out and "exposed_comm grew 2.50 points" in res.out

@@ -82,3 +82,15 @@ SELECT c.rank, c.step, c.pg_name, c.collective, c.seq, c.ts_ns, c.end_ns, c.wait
        n.duration_ns AS nccl_duration_ns, n.msg_bytes AS nccl_msg_bytes, n.bus_bw_gbps AS nccl_bus_bw_gbps
 FROM collectives c
 JOIN nccl_ops n ON n.rank = c.rank AND n.pg_name = c.pg_name AND n.seq = c.seq AND n.source = 'flight_recorder';
+
+-- The cross-rank critical path of each step (diag/critical_path.py, docs/critical_path.md): its
+-- segments in time order, adjacent ones of one rank and kind merged. Times on the aligned clock.
+CREATE OR REPLACE TABLE critical_path (
+    step      INTEGER,     -- N of ProfilerStep#N
+    seq       INTEGER,     -- position on the path, 0 = earliest
+    rank      INTEGER,
+    kind      VARCHAR,     -- compute | comm | wait | copy | idle | host
+    start_ns  BIGINT,      -- aligned (+ clock_offsets.offset_ns)
+    end_ns    BIGINT,
+    what      VARCHAR      -- collective instance (comm, wait), 'dataloader' | 'launch' (host), else NULL
+);
