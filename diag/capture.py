@@ -18,13 +18,10 @@ import argparse
 import atexit
 import importlib.abc
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -186,6 +183,8 @@ def flight_recorder_env(out_dir: Path, current: Mapping[str, str]) -> dict[str, 
 
 def _torch_version() -> tuple[int, int]:
     """(major, minor) of the installed torch, without importing it; (0, 0) when it is absent."""
+    import importlib.metadata  # here, not at the top: it costs `diag --help` ~15 ms (issue 16)
+
     try:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -429,6 +428,9 @@ def run_capture(
     out = prepare_out_dir(out_dir)
     if model is not None:
         write_model_toml(out, model)
+    import subprocess
+    import tempfile
+
     env = dict(os.environ)
     env.update(flight_recorder_env(out, env))
     env[ENV_DIR] = str(out)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -137,6 +136,8 @@ def run_demo(args: argparse.Namespace) -> int:
     into a temporary directory removed at the end, unless --out keeps it."""
     if args.out:
         return _demo(Path(args.out), args)
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="diag-demo-") as tmp:
         return _demo(Path(tmp), args)
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diag.capture import flight_recorder_env, prepare_out_dir
 from diag.errors import ExitCode, require
+
+if TYPE_CHECKING:
+    import subprocess
 
 RECOMPUTE_CHOICES = ("none", "full", "selective")
 
@@ -143,6 +145,8 @@ def run_example(out_dir: str | os.PathLike[str], nproc: int = 2, steps: int = 4,
         # One thread per process: several ranks share a small machine (and a GPU rank needs none).
         OMP_NUM_THREADS="1",
     )
+    import subprocess  # here and below, not at the top: `diag --help` loads this module (issue 16)
+
     command = [sys.executable, "-m", "diag.example.gpt", "--out", str(out), *config.to_argv()]
     ranks = [
         subprocess.Popen(command, env={**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
@@ -153,6 +157,8 @@ def run_example(out_dir: str | os.PathLike[str], nproc: int = 2, steps: int = 4,
 
 
 def _free_port() -> int:
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
