@@ -4,7 +4,7 @@ after the reduce (sql/analysis.sql). The TUI and the gate read them."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import duckdb
@@ -63,10 +63,13 @@ def rank_rows(tl: RankTimeline, runs: StateRuns) -> dict[str, pa.Table]:
     }
 
 
-def insert_rank_rows(con: duckdb.DuckDBPyConnection, rows: dict[str, pa.Table]) -> None:
-    for table, data in rows.items():
-        if data.num_rows:
-            store.insert_arrow(con, table, data)
+def insert_rank_rows(con: duckdb.DuckDBPyConnection, files: Sequence[dict[str, pa.Table]]) -> None:
+    """Several files' rows, one INSERT per table. A column of only nulls in one file (Arrow's
+    null type) takes the type the others give it."""
+    for table in dict.fromkeys(name for rows in files for name in rows):
+        parts = [rows[table] for rows in files if table in rows and rows[table].num_rows]
+        if parts:
+            store.insert_arrow(con, table, pa.concat_tables(parts, promote_options="default"))
 
 
 def write_run(con: duckdb.DuckDBPyConnection, run: RunContext) -> None:

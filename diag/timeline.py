@@ -83,7 +83,7 @@ class RankTimeline:
     gpus_per_node: int | None           # deviceProperties lists every GPU of the host
     steps: Steps
     # Parallel columns over activities. `acts` holds those read from the store as they came
-    # (read_rank: source, name, device, stream, ts, end, bytes (copies), correlation, launch_ts, launch_end,
+    # (read_ranks: source, name, device, stream, ts, end, bytes (copies), correlation, launch_ts, launch_end,
     # ext, launch_tid, graph: launched by a CUDA/HIP graph launch): rank_rows writes them out as they are,
     # and Python reads them by index through the list properties below, made on first use.
     acts: pa.Table
@@ -146,48 +146,88 @@ def load_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankTimeline:
     return build_rank(read_rank(con, file_id))
 
 
+def read_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankRows:
+    return read_ranks(con, [file_id])[0]
+
+
+# Files are read together up to this many events: each query costs a few ms whatever its size, and
+# 2,000 files of 20 kernels spent most of their analysis on five queries each (issue 16); a file
+# of more events (the 35 MB control trace has ~109k) is read alone, as before.
+READ_EVENTS = 100_000
+
+
+def _read_batches(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[list[int]]:
+    sizes = dict(con.execute("SELECT file_id, coalesce(n_events, 0) FROM trace_files").fetchall())
+    batches: list[list[int]] = []
+    total = READ_EVENTS
+    for f in files:
+        if total + sizes.get(f, 0) > READ_EVENTS:
+            batches.append([])
+            total = 0
+        batches[-1].append(f)
+        total += sizes.get(f, 0)
+    return batches
+
+
 def load_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> Generator[RankTimeline, None, None]:
     """load_rank of each file, in order. The next file's rows are read on a second connection, in
     a thread, while this one's timeline is built and used: DuckDB runs a query without the GIL.
     On the 35 MB control trace a rank's reads take ~45 ms, and its build and digest about as long
     (bench/timeline.py). Only the reads go to the thread: the build is many short numpy steps,
     and each would wait up to the interpreter's 5 ms switch interval to take the GIL back from
-    the Python running here (a build in a thread took 50× as long beside a busy loop)."""
+    the Python running here (a build in a thread took 50× as long beside a busy loop). Small
+    files are read several at a time (READ_EVENTS)."""
     if not files:
         return
     cur = con.cursor()   # a connection of its own: one connection is not for two threads at once
     try:
         cur.execute("SET enable_progress_bar = false")   # per connection, as store.connect sets it
+        batches = _read_batches(cur, files)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-read") as pool:
-            ahead = pool.submit(read_rank, cur, files[0])
-            for nxt in [*files[1:], None]:
-                rows = ahead.result()
+            ahead = pool.submit(read_ranks, cur, batches[0])
+            for nxt in [*batches[1:], None]:
+                batch = ahead.result()
                 if nxt is not None:
-                    ahead = pool.submit(read_rank, cur, nxt)
-                yield build_rank(rows)
+                    ahead = pool.submit(read_ranks, cur, nxt)
+                for rows in batch:
+                    yield build_rank(rows)
     finally:
         cur.close()
 
 
-def read_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankRows:
-    meta = con.execute(
-        "SELECT rank, coalesce(capture_window, 0), world_size, device_props, first_ts_ns, last_ts_ns "
-        "FROM trace_files WHERE file_id = ?",
-        [file_id],
-    ).fetchall()[0]
-    acts = _arrow(con, _ACTIVITIES, {"f": file_id})
-    host = acts.num_rows == 0
-    if host:
-        acts = _arrow(con, _HOST_ACTIVITIES, [file_id])
-    spans = con.execute(
+def read_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[RankRows]:
+    """The rows of each of `files`, in order, read by one query per table for them all."""
+    ids = ", ".join(str(int(f)) for f in files)
+    meta = {r[0]: r[1:] for r in con.execute(
+        "SELECT file_id, rank, coalesce(capture_window, 0), world_size, device_props, first_ts_ns, last_ts_ns "
+        f"FROM trace_files WHERE file_id IN ({ids})"
+    ).fetchall()}
+    acts = _by_file(_arrow(con, _ACTIVITIES.format(files=ids), None), files)
+    hosts = [f for f in files if not acts[f].num_rows]
+    if hosts:
+        acts.update(_by_file(_arrow(con, _HOST_ACTIVITIES.format(files=", ".join(map(str, hosts))), None), hosts))
+    spans: dict[int, list[tuple[Any, ...]]] = {f: [] for f in files}
+    for f, *span in con.execute(
+        f"""
+        SELECT DISTINCT file_id, name, ts_ns, ts_ns + dur_ns FROM cpu_ops
+        WHERE file_id IN ({ids}) AND name LIKE 'ProfilerStep#%' ORDER BY file_id, ts_ns
         """
-        SELECT DISTINCT name, ts_ns, ts_ns + dur_ns FROM cpu_ops
-        WHERE file_id = ? AND name LIKE 'ProfilerStep#%' ORDER BY ts_ns
-        """,
-        [file_id],
-    ).fetchall()
-    return RankRows(file_id, tuple(meta), acts, host, _arrow(con, _CPU_OPS, [file_id]), spans,
-                    _arrow(con, _HOST_MARKS, {"f": file_id}))
+    ).fetchall():
+        spans[f].append(tuple(span))
+    ops = _by_file(_arrow(con, _CPU_OPS.format(files=ids), None), files)
+    marks = _by_file(_arrow(con, _HOST_MARKS.format(files=ids), None), files)
+    return [RankRows(f, tuple(meta[f]), acts[f], f in hosts, ops[f], spans[f], marks[f]) for f in files]
+
+
+def _by_file(table: pa.Table, files: Sequence[int]) -> dict[int, pa.Table]:
+    """A query's rows of several files (sorted by its leading file_id column) apart, without it."""
+    fid = table.column("file_id").to_numpy()
+    rest = table.drop_columns(["file_id"])
+    out = {}
+    for f in files:
+        lo, hi = np.searchsorted(fid, f, "left"), np.searchsorted(fid, f, "right")
+        out[f] = rest.slice(lo, hi - lo)
+    return out
 
 
 def build_rank(rows: RankRows) -> RankTimeline:
@@ -330,65 +370,66 @@ def _launching_ops(ops: pa.Table, tid: I64, ts: I64, end: I64, acts: pa.Table) -
     return out
 
 
+# Each query reads the files listed in {files}, its rows ordered by a leading file_id column.
 _ACTIVITIES = """
     WITH launch AS (
-        SELECT correlation, min(ts_ns) AS ts, arg_min(ts_ns + dur_ns, ts_ns) AS "end",
+        SELECT file_id, correlation, min(ts_ns) AS ts, arg_min(ts_ns + dur_ns, ts_ns) AS "end",
                arg_min(external_id, ts_ns) AS ext, arg_min(tid, ts_ns) AS tid,
                -- cudaGraphLaunch / cuGraphLaunch / hipGraphLaunch: CUPTI gives every kernel of the
                -- graph the launch call's correlation id (Kineto draws the call's flow to them).
                bool_or(name ILIKE '%GraphLaunch%') AS graph
-        FROM runtime_calls WHERE file_id = $f AND correlation IS NOT NULL AND correlation <> 0
-        GROUP BY correlation
+        FROM runtime_calls WHERE file_id IN ({files}) AND correlation IS NOT NULL AND correlation <> 0
+        GROUP BY file_id, correlation
     ), act AS (
-        SELECT 'kernel' AS source, name, device, stream, ts_ns, ts_ns + dur_ns AS end_ns, correlation, external_id,
-               NULL::BIGINT AS bytes
-        FROM kernels WHERE file_id = $f
+        SELECT file_id, 'kernel' AS source, name, device, stream, ts_ns, ts_ns + dur_ns AS end_ns, correlation,
+               external_id, NULL::BIGINT AS bytes
+        FROM kernels WHERE file_id IN ({files})
         UNION ALL
-        SELECT kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id, bytes
-        FROM copies WHERE file_id = $f
+        SELECT file_id, kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id, bytes
+        FROM copies WHERE file_id IN ({files})
     )
-    SELECT act.source, act.name, act.device, act.stream, act.ts_ns AS ts, act.end_ns AS "end", act.bytes,
+    SELECT act.file_id, act.source, act.name, act.device, act.stream, act.ts_ns AS ts, act.end_ns AS "end", act.bytes,
            act.correlation, launch.ts AS launch_ts, launch."end" AS launch_end,
            coalesce(nullif(act.external_id, 0), launch.ext) AS ext, launch.tid AS launch_tid,
            coalesce(launch.graph, false) AS graph
-    FROM act LEFT JOIN launch ON launch.correlation = act.correlation
-    ORDER BY act.ts_ns, act.end_ns
+    FROM act LEFT JOIN launch ON launch.file_id = act.file_id AND launch.correlation = act.correlation
+    ORDER BY act.file_id, act.ts_ns, act.end_ns
 """
 
 # A host op is its own launch (it belongs to the step it ran in) and never waits for one.
 _HOST_ACTIVITIES = """
-    SELECT 'kernel' AS source, name, NULL::INTEGER AS device, tid AS stream, ts_ns AS ts, ts_ns + dur_ns AS "end",
+    SELECT file_id, 'kernel' AS source, name, NULL::INTEGER AS device, tid AS stream, ts_ns AS ts, ts_ns + dur_ns AS "end",
            NULL::BIGINT AS bytes, NULL::BIGINT AS correlation, ts_ns AS launch_ts, NULL::BIGINT AS launch_end, external_id AS ext,
            tid AS launch_tid, false AS graph
     FROM cpu_ops
-    WHERE file_id = ? AND ((cat = 'cpu_op' AND name LIKE 'aten::%') OR name LIKE 'gloo:%')
-    ORDER BY ts_ns, ts_ns + dur_ns
+    WHERE file_id IN ({files}) AND ((cat = 'cpu_op' AND name LIKE 'aten::%') OR name LIKE 'gloo:%')
+    ORDER BY file_id, ts_ns, ts_ns + dur_ns
 """
 
 # Host calls that wait for the GPU, optimizer steps and the profiler's own overhead (HostMarks).
 _HOST_MARKS = """
-    SELECT 'sync' AS kind, name, coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end"
-    FROM runtime_calls WHERE file_id = $f AND name IN (
+    SELECT file_id, 'sync' AS kind, name, coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end"
+    FROM runtime_calls WHERE file_id IN ({files}) AND name IN (
         'cudaStreamSynchronize', 'cudaDeviceSynchronize', 'cudaEventSynchronize', 'cudaMemcpy',
         'cuStreamSynchronize', 'cuCtxSynchronize', 'cuEventSynchronize', 'hipStreamSynchronize',
         'hipDeviceSynchronize', 'hipEventSynchronize', 'hipMemcpy')
     UNION ALL
-    SELECT CASE WHEN name LIKE 'Optimizer.step#%' THEN 'optimizer' ELSE 'sync' END, name, coalesce(tid, -1),
-           ts_ns, ts_ns + dur_ns
-    FROM cpu_ops WHERE file_id = $f AND (name = 'aten::_local_scalar_dense' OR name LIKE 'Optimizer.step#%')
+    SELECT file_id, CASE WHEN name LIKE 'Optimizer.step#%' THEN 'optimizer' ELSE 'sync' END, name,
+           coalesce(tid, -1), ts_ns, ts_ns + dur_ns
+    FROM cpu_ops WHERE file_id IN ({files}) AND (name = 'aten::_local_scalar_dense' OR name LIKE 'Optimizer.step#%')
     UNION ALL
-    SELECT 'profiler', name, -1, ts_ns, ts_ns + coalesce(dur_ns, 0)
-    FROM other_events WHERE file_id = $f AND cat = 'overhead' AND ts_ns IS NOT NULL
-    ORDER BY ts
+    SELECT file_id, 'profiler', name, -1, ts_ns, ts_ns + coalesce(dur_ns, 0)
+    FROM other_events WHERE file_id IN ({files}) AND cat = 'overhead' AND ts_ns IS NOT NULL
+    ORDER BY file_id, ts
 """
 
 # Every host span: CPU ops, annotations and Python frames (`python_function`, with_stack=True).
 # build_rank reads phases, launching ops and FLOPs from the ops alone (`_split_frames`).
 _CPU_OPS = """
-    SELECT coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, cat, fwd_tid, external_id,
+    SELECT file_id, coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, cat, fwd_tid, external_id,
            input_dims::VARCHAR AS dims, input_types::VARCHAR AS types, trace_flops,
            CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete, seq_num AS seq
-    FROM cpu_ops WHERE file_id = ? ORDER BY coalesce(tid, -1), ts_ns, dur_ns DESC
+    FROM cpu_ops WHERE file_id IN ({files}) ORDER BY file_id, coalesce(tid, -1), ts_ns, dur_ns DESC
 """
 
 
