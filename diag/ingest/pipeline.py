@@ -45,6 +45,20 @@ from diag.lifetime import run_dir
 # Below this much input, starting worker processes (each imports pyarrow, msgspec, numpy: ~1 s)
 # costs more than it saves.
 _PARALLEL_BYTES = 32 * 1024**2
+# Files of less JSON than this are parsed into memory and written many to a transaction
+# (store.write_files), up to store.FLUSH_BYTES of Arrow or _HELD_FILES files at a time: a
+# transaction and each INSERT cost milliseconds whatever their size, most of the time of 2,000
+# files of 20 kernels one at a time (issue 16). A gzipped file counts as _GZIP_RATIO times its
+# size (the 35 MB control trace packs 20× smaller), so that a big trace still streams and splits.
+_SMALL_FILE_BYTES = 1024**2
+_GZIP_RATIO = 20
+# Many small Arrow tables take several times their nbytes: 500 files in one batch peaked at
+# 178 MB against 118 MB one at a time, 115 MB 64 at a time.
+_HELD_FILES = 64
+
+
+def _small(path: str) -> bool:
+    return _size(path) * (_GZIP_RATIO if path.endswith(".gz") else 1) < _SMALL_FILE_BYTES
 
 
 @dataclass(frozen=True)
@@ -230,6 +244,31 @@ def _against(row: dict[str, Any], prior: Prior | None, size: int, grown: bool, a
     return {**row, "replaces": prior.file_id}
 
 
+class _Held:
+    """A small file's sink: its tables (and then its trace_files row) kept in memory until its
+    batch is written."""
+
+    def __init__(self) -> None:
+        self.rank: int | None = None
+        self.file_id = -1   # store.write_files numbers the batch's files
+        self.tables: dict[str, list[pa.Table]] = {}
+        self.nbytes = 0
+        self.row: dict[str, Any] = {}
+
+    def split(self, ranks: list[int]) -> None:
+        raise _Merged
+
+    def add(self, tables: dict[str, pa.Table]) -> None:
+        for name, t in tables.items():
+            if t.num_rows:
+                self.tables.setdefault(name, []).append(t)
+                self.nbytes += t.nbytes
+
+
+class _Merged(Exception):
+    """A small file that holds several ranks: FileWriter numbers its parts, so it is not held."""
+
+
 class _ParquetSpill:
     """A worker's sink: each table's chunks appended to one Parquet file."""
 
@@ -303,7 +342,9 @@ def ingest(
     result = IngestResult()
     seen: dict[str, str] = store.known_hashes(con)
     jobs = min(opts.jobs or os.cpu_count() or 1, len(files))
-    if opts.jobs is None and sum(_size(f) for f in files) < _PARALLEL_BYTES:
+    # Small files are batched in this process (_in_process) however many there are: a worker's
+    # file goes through Parquet and a transaction of its own.
+    if opts.jobs is None and sum(_size(f) for f in files if not _small(f)) < _PARALLEL_BYTES:
         jobs = 1
     # Ray was asked for by name: its tasks run even where one local process would be quicker.
     workers = bool(files) and (jobs > 1 or opts.executor != "local")
@@ -351,16 +392,99 @@ def _in_process(
 ) -> Generator[tuple[str, Outcome], None, None]:
     # One file at a time here, so a big one may take both halves of a two-core machine (--jobs 1: not).
     split = hasattr(os, "fork") and (opts.jobs or os.cpu_count() or 1) > 1
+    windows = _Windows(con)
+    held: list[tuple[str, Outcome | _Held]] = []   # small files new at their path, in order
+    held_bytes = 0
     for path in files:
+        prior = before.get(printable(path))
+        if prior is None and _small(path) and \
+                (h := _hold(path, known, opts, path in explicit, seen, windows, split)) is not None:
+            held.append((path, h))
+            held_bytes += h.nbytes if isinstance(h, _Held) else 0
+            if held_bytes >= store.FLUSH_BYTES or len(held) >= _HELD_FILES:
+                yield from _write_held(con, held)
+                held, held_bytes = [], 0
+            continue
+        yield from _write_held(con, held)   # files keep their order
+        held, held_bytes = [], 0
         try:
             with store.FileWriter(con) as w:
-                out = parse_into(path, known, opts, path in explicit, w, split, before.get(printable(path)))
+                out = parse_into(path, known, opts, path in explicit, w, split, prior)
                 result = out if isinstance(out, Skipped) else _commit(con, out, seen, w)
+            if isinstance(out, Skipped):
+                pass
+            elif "parts" in out:
+                windows = _Windows(con)   # a merged file's windows are its ranks', read back
+            else:
+                windows.add(out)
         except store.StoreFault:
             raise
         except Exception as e:  # noqa: BLE001 - one file's failure, whatever it is, is that file's alone
             result = failed(path, e)
         yield path, result
+    yield from _write_held(con, held)
+
+
+def _hold(path: str, known: frozenset[str], opts: IngestOptions, explicit: bool, seen: dict[str, str],
+          windows: _Windows, split: bool) -> Outcome | _Held | None:
+    """A small file parsed into memory and admitted (checked against the store and the files
+    before it), or why not; None for a merged file (not held)."""
+    sink = _Held()
+    try:
+        out = parse_into(path, known, opts, explicit, sink, split)
+        if isinstance(out, Skipped):
+            return out
+        if out["content_hash"] in seen:
+            return Skipped(out["path"], f"same content as {seen[out['content_hash']]}", duplicate=True)
+        windows.check(out)
+    except _Merged:
+        return None
+    except Exception as e:  # noqa: BLE001 - as in _in_process
+        return failed(path, e)
+    seen[out["content_hash"]] = out["path"]   # now: the batch's next files are checked against it
+    windows.add(out)
+    sink.row = out
+    return sink
+
+
+def _write_held(
+    con: duckdb.DuckDBPyConnection, held: list[tuple[str, Outcome | _Held]]
+) -> Generator[tuple[str, Outcome], None, None]:
+    """The held small files in one transaction, then every held file's outcome in order."""
+    parsed = [h for _, h in held if isinstance(h, _Held)]
+    ids = iter(store.write_files(con, [(h.row, h.rank, h.tables) for h in parsed]) if parsed else ())
+    for path, h in held:
+        yield path, ([next(ids)], list(h.row.get("warnings") or [])) if isinstance(h, _Held) else h
+
+
+class _Windows:
+    """Each rank's capture windows, from the store once and then from the files this ingest
+    adds: small files are checked here, not by a query each (~5 ms), and against the files of
+    their batch, which are not in the store yet."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.by_rank: dict[int, list[tuple[int, int, str]]] = {}
+        for rank, first, last, path in con.execute(
+            "SELECT rank, first_ts_ns, last_ts_ns, path FROM trace_files "
+            "WHERE kind = 'kineto' AND rank IS NOT NULL AND first_ts_ns IS NOT NULL"
+        ).fetchall():
+            self.by_rank.setdefault(rank, []).append((first, last, path))
+
+    @staticmethod
+    def _of(row: dict[str, Any]) -> bool:
+        return row["kind"] == "kineto" and row["rank"] is not None and row["first_ts_ns"] is not None
+
+    def check(self, row: dict[str, Any]) -> None:
+        """As _check_window: two different files claiming the same rank over overlapping time."""
+        if not self._of(row):
+            return
+        for first, last, path in self.by_rank.get(row["rank"], ()):
+            if first <= row["last_ts_ns"] and last >= row["first_ts_ns"]:
+                raise _clash(row, path)
+
+    def add(self, row: dict[str, Any]) -> None:
+        if self._of(row):
+            self.by_rank.setdefault(row["rank"], []).append((row["first_ts_ns"], row["last_ts_ns"], row["path"]))
 
 
 def _in_workers(
@@ -464,11 +588,12 @@ def _check_window(con: duckdb.DuckDBPyConnection, row: dict[str, Any]) -> None:
         [row["rank"], row["last_ts_ns"], row["first_ts_ns"]],
     ).fetchall()
     if clash:
-        raise BadInput(
-            row["path"],
-            f"claims rank {row['rank']} over the same capture window as {clash[0][0]} "
-            "(two different traces of one rank and time); ingest one of them",
-        )
+        raise _clash(row, clash[0][0])
+
+
+def _clash(row: dict[str, Any], other: str) -> BadInput:
+    return BadInput(row["path"], f"claims rank {row['rank']} over the same capture window as {other} "
+                                 "(two different traces of one rank and time); ingest one of them")
 
 
 def _number_windows(con: duckdb.DuckDBPyConnection) -> None:
