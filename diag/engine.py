@@ -52,6 +52,9 @@ class Analysis:
     critical_path: list[StepPath] = field(default_factory=list)   # per step number (critical_path.py)
 
 
+WRITE_FILES = 64
+
+
 def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOptions(),
             cache: dict[int, RankDigest] | None = None, executor: Executor[Any] | None = None,
             spill_dir: str | None = None, progress: Progress | None = None) -> Analysis:
@@ -77,8 +80,10 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
             tables.reset_rank_tables(con)
     # A transaction per store.FLUSH_BYTES of rows: DuckDB holds a transaction's new rows in
     # memory, and the activities of 128 ranks × 128 MB in one would take ~5 GB (docs/scale.md);
-    # a big file's rows go alone, while small files' go together, since each INSERT costs ~2 ms
-    # and each transaction more, whatever its size (2,000 files of 20 kernels: issue 16).
+    # a big file's rows go alone, while small files' go together, WRITE_FILES at most, since each
+    # INSERT costs ~2 ms and each transaction more, whatever its size (2,000 files of 20 kernels:
+    # issue 16). Many small tables take several times their nbytes: 500 files at once peaked at
+    # 205 MB against 115 MB one at a time.
     todo = [f for f in files if f not in cache]
     mapped = rank_map.map_elsewhere(con, todo, opts.gpu, executor, spill_dir) if executor is not None else \
         map_ranks(con, todo, rules, gpu)
@@ -90,7 +95,7 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
         for i, (f, (digest, rows)) in enumerate(zip(todo, mapped, strict=True)):
             batch[f] = digest, rows
             batch_bytes += sum(t.nbytes for t in rows.values())
-            if i + 1 == len(todo) or batch_bytes >= store.FLUSH_BYTES:
+            if i + 1 == len(todo) or batch_bytes >= store.FLUSH_BYTES or len(batch) >= WRITE_FILES:
                 with store.transaction(con):
                     tables.insert_rank_rows(con, [r for _, r in batch.values()])
                 cache.update((f, d) for f, (d, _) in batch.items())   # only what is in the store
