@@ -300,8 +300,9 @@ def write_files(con: duckdb.DuckDBPyConnection,
                             [r[c] for r in rows for c in cols])
     except duckdb.Error as e:
         if disk_full(e):
-            raise StoreFault(_db_path(con), f"cannot write the store: {_reason(e)}; nothing of these "
-                                            f"{len(files)} files was kept (free space, or give --db on another disk)") from None
+            others = f", nor of the {len(files) - 1} small files written with it" if len(files) > 1 else ""
+            raise StoreFault(_db_path(con), f"cannot write the store: {_reason(e)}; nothing of this file was kept"
+                                            f"{others} (free space, or give --db on another disk)") from None
         raise
     return ids
 
