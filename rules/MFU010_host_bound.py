@@ -146,8 +146,7 @@ class HostBound(Rule[Params]):
         advice = []
         if share["python"] >= 0.2:
             advice.append("the host is slower per op than the GPU: torch.compile the model (fewer, larger kernels, "
-                          "less Python per step), CUDA graphs (torch.compile(mode=\"reduce-overhead\")), no "
-                          "per-op Python work (hooks, logging) in the forward")
+                          "less Python per step), no per-op Python work (hooks, logging) in the forward")
         if share["launch"] >= 0.2 or not total:
             advice.append(f"{launches:.0f} launches per step, {tiny:.0%} of kernels under "
                           f"{self.params.tiny_kernel_us:g} µs" + (f", {per_launch:.1f} µs CPU per launch" if per_launch else "")
