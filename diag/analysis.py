@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from diag.clocks import ClockOffset
@@ -11,7 +12,7 @@ from diag.collectives import Matched
 from diag.digest import RankDigest
 from diag.hardware import Part
 from diag.ledger import StepLedger
-from diag.states import StepStates
+from diag.states import IdleGaps, StepStates, idle_gaps
 from diag.timeline import RankTimeline
 
 
@@ -50,6 +51,11 @@ class RankContext:
     tl: RankTimeline
     hbm_gbps: float | None        # the part's (--gpu, or this rank's device properties), None if unknown
     part: Part | None = None      # that part (SMs, peaks), None if unknown
+
+    @cached_property
+    def idle_gaps(self) -> IdleGaps:
+        """The GPU's idle gaps in this rank's steps: MFU010 and MFU013 both read them, built once."""
+        return idle_gaps(self.tl)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
-from diag.states import idle_gaps
 from rules.base import Rule
 
 
@@ -76,7 +75,7 @@ class HostBound(Rule[Params]):
         tl = ctx.tl
         if tl.host_timeline or len(tl) == 0:
             return None
-        g = idle_gaps(tl)
+        g = ctx.idle_gaps
         d = HostBoundDigest(dict.fromkeys(CAUSES, 0))
         marks = tl.host_marks
         sync = [i for i, k in enumerate(marks.kind) if k == "sync"] if marks else []

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
-from diag.states import idle_gaps
 from rules.base import Rule
 
 
@@ -64,7 +63,7 @@ class Idle(Rule[Params]):
         tl = ctx.tl
         if tl.host_timeline or len(tl) == 0:
             return None
-        g = idle_gaps(tl)
+        g = ctx.idle_gaps
         d = IdleDigest(dict.fromkeys(CAUSES, 0))
         marks = tl.host_marks
         kinds = np.array(marks.kind if marks else [], dtype=object)
