@@ -190,7 +190,8 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     run.notes.append(flops_source)
     run.notes.append(f"peak: {peak.source}")
     run.notes.extend(rank_notes(con))
-    unknown = _unknown_kernels_note(ranks)
+    # On a host timeline the activities are aten ops, not kernels: no kernel table applies.
+    unknown = None if host else _unknown_kernels_note(ranks)
     if unknown:
         run.notes.append(unknown)
     graph_ns = sum(r.graph_kernel_ns for r in ranks)

@@ -14,9 +14,10 @@ from typing import Any
 
 import duckdb
 
+from diag.durations import percent
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
-from diag.report import _header, _of, _pct, _waterfall
+from diag.report import _header, _of, _waterfall
 
 # One colour per bucket (Okabe–Ito-like, distinguishable in colour-blindness simulations).
 COLOURS = {
@@ -81,7 +82,7 @@ def table(header: list[str], rows: list[list[str]], numeric: frozenset[int] = fr
 def _kpis(r: dict[str, Any], windows: list[float]) -> str:
     d = r["device"]
     cells = [
-        ("MFU", _pct(r["mfu"])), ("HFU", _pct(r["hfu"])),
+        ("MFU", percent(r["mfu"])), ("HFU", percent(r["hfu"])),
         ("part", d["name"] or "unknown"),
         ("peak", "unknown" if d["peak_tflops"] is None else f"{d['peak_tflops']:g} TFLOP/s {d['dtype']}"),
     ]
@@ -199,7 +200,7 @@ def _findings(r: dict[str, Any]) -> str:
         out.append(
             f'<div class="finding {escape(f["severity"])}"><b>{escape(f["code"])} {escape(f["slug"])}</b> '
             f'<span class="muted">[{escape(f["severity"])}] {f["mfu_points"]:.1f} MFU points{escape(_of(f))}'
-            + (f" · MFU {_pct(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"]
+            + (f" · MFU {percent(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"]
                else "")
             + f'</span><p>{escape(f["summary"])}</p><p><b>What to do:</b> {escape(f["advice"])}</p>'
             + (f'<p class="muted">Ranks: {escape(ranks)}</p>' if ranks else "")

@@ -13,7 +13,7 @@ from typing import Any
 
 from diag import __version__
 from diag.critical_path import report_entry
-from diag.durations import duration
+from diag.durations import duration, percent
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
 
@@ -100,10 +100,6 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(f"not JSON: {type(o).__name__}")
 
 
-def _pct(x: float | None) -> str:
-    return "unknown" if x is None else f"{x * 100:.1f}%"
-
-
 def peak_label(d: Mapping[str, Any]) -> str:
     """The report's `device` in words: 'dense bf16 peak 989 TFLOP/s', or with a dtype mix
     'effective peak 1484 TFLOP/s (matmul FLOPs fp8 67%, bf16 33%)'."""
@@ -129,7 +125,7 @@ def _header(r: dict[str, Any]) -> list[str]:
         if spread and spread["min"] < spread["max"] else "median"
     lines = [
         f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {d['name'] or 'unknown GPU'} · {peak}",
-        f"step time {duration(st)} ({over})   MFU {_pct(r['mfu'])}   HFU {_pct(r['hfu'])}{_bf16(r)}"
+        f"step time {duration(st)} ({over})   MFU {percent(r['mfu'])}   HFU {percent(r['hfu'])}{_bf16(r)}"
         if st is not None else "no steps",
     ]
     excluded = r.get("steps_excluded") or []
@@ -139,7 +135,7 @@ def _header(r: dict[str, Any]) -> list[str]:
 
 
 def _bf16(r: dict[str, Any]) -> str:
-    return "" if r.get("mfu_bf16") is None else f"   (MFU {_pct(r['mfu_bf16'])} against the bf16 peak)"
+    return "" if r.get("mfu_bf16") is None else f"   (MFU {percent(r['mfu_bf16'])} against the bf16 peak)"
 
 
 def _waterfall(r: dict[str, Any]) -> list[tuple[str, float]]:
@@ -199,7 +195,7 @@ def render_text(r: dict[str, Any]) -> str:
     if r["findings"]:
         lines.append("findings, by what a fix can win")
         for i, f in enumerate(r["findings"], 1):
-            wi = f" → MFU {_pct(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"] else ""
+            wi = f" → MFU {percent(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"] else ""
             lines.append(f" {i}. {f['code']} {f['slug']} [{f['severity']}] {f['mfu_points']:.1f} pts{_of(f)}{wi}")
             lines.append(f"    {f['summary']}")
             lines.append(f"    do: {f['advice']}")
@@ -228,7 +224,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         if f["ranks"]:
             out.append(f"Ranks: {', '.join(map(str, f['ranks'][:32]))}{' …' if len(f['ranks']) > 32 else ''}  ")
         if f["what_if_mfu"] is not None and f["lost_fraction"]:
-            out.append(f"Without it: MFU {_pct(f['what_if_mfu'])}")
+            out.append(f"Without it: MFU {percent(f['what_if_mfu'])}")
         out.append("")
     if r["notes"]:
         out += ["## Notes", ""] + [f"- {n}" for n in r["notes"]]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from diag import hardware
 from diag.analysis import Finding, RunContext
+from diag.durations import percent
 from rules.base import Rule
 
 
@@ -46,7 +47,7 @@ class SparsePeak(Rule[Params]):
         dense = hardware.dense_peak_tflops(part, dtype)
         wrong = run.mfu * dense / user if run.mfu is not None else None
         summary = (f"--peak-tflops {user:g} is the {part.name} {dtype} 'with sparsity' figure; the dense peak is "
-                   f"{dense:g}: MFU is {_pct(run.mfu)} against the dense peak, {_pct(wrong)} against {user:g}")
+                   f"{dense:g}: MFU is {percent(run.mfu)} against the dense peak, {percent(wrong)} against {user:g}")
         points = (run.mfu - wrong) if run.mfu is not None and wrong is not None else 0.0
         return [Finding(
             self.code, self.slug, "high", 0.0, 0.0, sorted({r.rank for r in run.ranks}), [], [],
@@ -56,7 +57,3 @@ class SparsePeak(Rule[Params]):
              "mfu_dense": run.mfu, "mfu_with_given_peak": wrong, "reported_mfu_points_lost": points * 100},
             bucket=None, recoverable_fraction=0.0,   # the denominator: no step time to win
         )]
-
-
-def _pct(x: float | None) -> str:
-    return "unknown" if x is None else f"{x:.1%}"

@@ -1,5 +1,6 @@
 """`diag analyze` on every real trace in ../shared/traces: it runs to the end, the ledger sums to
-each step, and the JSON is the diag.report/1 contract."""
+each step, its GPU-state split equals an independent sweep of the JSON (tests/plain_split.py)
+within half a point, and the JSON is the diag.report/1 contract."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 from helpers import kineto_traces, run_diag, shared_traces, unexplained_buckets
+from plain_split import mismatch
 
 from diag.api import analyze_path
 from diag.ingest.pipeline import IngestOptions
@@ -38,6 +40,8 @@ def test_analyze_runs_to_the_end_and_the_ledger_sums(trace: Path) -> None:
     assert sum(report["ledger"].values()) == pytest.approx(1.0, abs=0.01)
     assert set(report) >= CONTRACT and report["schema"] == "diag.report/1"
     assert set(report["ledger"]) == set(BUCKETS)
+    [rank] = report["ranks"]
+    assert mismatch(report, {rank: [trace]}) == {}
     for f in report["findings"]:
         assert set(f) >= FINDING
     # DESIGN.md's invariant: every bucket but model_compute with ≥ 5% of the step is explained by

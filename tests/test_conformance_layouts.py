@@ -5,7 +5,8 @@ tensorboard_trace_handler names with no distributed init, a schedule with severa
 .json.gz file per cycle), two processes without distributed init, with_stack=True; then a file merged from
 two ranks the way merge tools write one, and a pretty-printed copy re-saved with "metadata" first.
 Each runs through the real CLI and must exit 0 with the ranks and windows the rules give
-(README "Ranks and captures").
+(README "Ranks and captures"), and its state split (the host timeline of a CPU run) must equal an
+independent sweep of the files as written (tests/plain_split.py) within half a point.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import run_diag
+from plain_split import mismatch
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.xdist_group("conformance")
@@ -86,6 +88,7 @@ def test_default_names_without_distributed_init_are_rank_0(captured: Path) -> No
     report = _analyze(captured / "default")
     assert report["ranks"] == [0] and report["steps"] == 2
     assert any("one process, taken as rank 0" in n for n in report["notes"])
+    assert mismatch(report, {0: [f]}) == {}
 
 
 def test_a_schedule_with_several_cycles_is_capture_windows_of_one_rank(captured: Path) -> None:
@@ -95,6 +98,7 @@ def test_a_schedule_with_several_cycles_is_capture_windows_of_one_rank(captured:
     report = _analyze(captured / "cycles")
     assert report["ranks"] == [0] and report["steps"] == 6
     assert any("3 capture windows" in n for n in report["notes"])
+    assert mismatch(report, {0: files}) == {}
 
 
 def test_two_processes_without_ranks_are_ranks_0_and_1_by_pid(captured: Path) -> None:
@@ -104,12 +108,15 @@ def test_two_processes_without_ranks_are_ranks_0_and_1_by_pid(captured: Path) ->
     assert report["ranks"] == [0, 1]
     [note] = [n for n in report["notes"] if "numbered by process" in n]
     assert f"rank 0 = {files[0].name}" in note and f"rank 1 = {files[1].name}" in note
+    assert mismatch(report, {0: [files[0]], 1: [files[1]]}) == {}
 
 
 def test_with_stack(captured: Path) -> None:
     [f] = list((captured / "stack").iterdir())
     assert any(e.get("cat") == "python_function" for e in _load(f)["traceEvents"])
-    assert _analyze(f)["ranks"] == [0]
+    report = _analyze(f)
+    assert report["ranks"] == [0]
+    assert mismatch(report, {0: [f]}) == {}
 
 
 def test_pretty_printed_with_metadata_first(captured: Path, tmp_path: Path) -> None:
@@ -124,6 +131,7 @@ def test_pretty_printed_with_metadata_first(captured: Path, tmp_path: Path) -> N
     for path in (pretty, compact):
         report = _analyze(path)
         assert report["ranks"] == [0] and report["steps"] == 2
+        assert mismatch(report, {0: [path]}) == {}
 
 
 def _two(captured: Path) -> list[dict[str, Any]]:
@@ -180,3 +188,4 @@ def test_a_merged_file_is_split_into_its_ranks(captured: Path, tmp_path: Path, m
     assert report["steps"] == apart["steps"]
     for rank, ledger in apart["ledger_by_rank"].items():
         assert report["ledger_by_rank"][rank] == pytest.approx(ledger, abs=1e-9)
+    assert mismatch(report, {i: [f] for i, f in enumerate(_by_pid(captured / "two"))}) == {}

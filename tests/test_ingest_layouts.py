@@ -54,6 +54,12 @@ NCCL_DATA = Path(__file__).parent / "data" / "nccl"
         ("trace_rank_2024010112.json", NameParts(None, None, None)),
         ("profile_999999.json", NameParts(999999, None, None)),
         ("rank123456.json", NameParts(123456, None, None)),
+        # sglang: `<time.time()>-TP-<tp>[-DP-..][-PP-..][-EP-..][-<stage>]`; with DP or PP the TP rank
+        # is not the rank.
+        ("1764547200.5160012-TP-3.trace.json.gz", NameParts(3, None, None)),
+        ("decode-1764547200.51-TP-5-EP-5-EXTEND.trace.json.gz", NameParts(5, None, None)),
+        ("1764547200.51-TP-1-DP-1.trace.json.gz", NameParts(None, None, None)),
+        ("1764547200.51-TP-1-PP-2.trace.json.gz", NameParts(None, None, None)),
     ],
 )
 def test_what_a_file_name_says(name: str, want: NameParts) -> None:
@@ -240,3 +246,19 @@ def test_one_rank_with_named_processes_is_not_a_merged_file() -> None:
 def test_rank_option_is_for_one_file(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="--rank"):
         ingest([str(shared_traces() / TWO_RANKS)], store.connect(None), IngestOptions(rank=0, jobs=1))
+
+
+def test_a_cupti_range_profiler_capture_says_why_it_has_no_gpu_timeline() -> None:
+    """HTA's cupti_profiler trace: an A100 run captured with CUPTI's range profiler, whose GPU work
+    is `cuda_profiler_range` events (counters per range) with no kernel, memcpy or memset."""
+    path = shared_traces() / "HolisticTraceAnalysis/tests/data/cupti_profiler/benchmark_result_924719_1679055439_trace.json.gz"
+    events = load_json(path)["traceEvents"]
+    ranges = sum(e.get("cat") == "cuda_profiler_range" for e in events)
+    assert ranges and not any(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in events)
+    r = run_diag("analyze", str(path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert f"captured as {ranges} CUPTI profiler ranges" in r.stderr
+    report = json.loads(r.stdout)
+    assert report["timeline"] == "host"
+    # The host timeline's activities are aten ops: no note calls them unknown kernel names.
+    assert not any("kernel names" in n for n in report["notes"])

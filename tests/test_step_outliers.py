@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from helpers import run_diag
 
-from diag.durations import duration
+from diag.durations import duration, percent
 from diag.step_outliers import excluded_steps
 from diag.timeline import Steps
 from fixtures.generate import generate
@@ -54,6 +54,14 @@ def test_durations_keep_a_figure_of_one_or_more() -> None:
     assert duration(0.07677) == "76.77 ms"
     assert duration(2.5) == "2.50 s"
     assert duration(4e-8) == "40 ns"
+
+
+def test_a_tiny_share_keeps_two_significant_digits() -> None:
+    # MI250 minitoy (HTA's amd_trace): model FLOPs 5.84e-7 of the peak-seconds: "MFU 0.0%" read as nothing ran.
+    assert percent(5.840865e-07) == "0.000058%"
+    assert percent(0.0004) == "0.040%"
+    assert percent(0.312) == "31.2%" and percent(0.0) == "0.0%" and percent(1.0) == "100.0%"
+    assert percent(None) == "unknown" and percent(None, "?") == "?"
 
 
 def test_all_steps_keeps_them(tmp_path: Path) -> None:

@@ -23,6 +23,11 @@ _RANK = r"(\d{1,6})"
 # `nccl_trace_rank_5`, `trace_rank3.json`; `worker3.<time_ns>.pt.trace.json` (a worker_name chosen
 # for tensorboard_trace_handler).
 _RANK_IN_NAME = re.compile(rf"(?:^|[^a-z])(?:rank|worker)[-_]?{_RANK}(?:[^0-9]|$)", re.IGNORECASE)
+# sglang's per-rank files (python/sglang/srt/managers/scheduler_profiler_mixin.py):
+# `[<prefix>-]<time.time()>-TP-<tp rank>[-DP-<dp>][-PP-<pp>][-EP-<ep>][-<stage>].trace.json.gz`. With
+# only TP (and EP, a split inside the TP group) the TP rank is the rank; with DP or PP in the name
+# the global rank needs sizes the name does not give, so the name says none.
+_SGLANG_TP = re.compile(rf"-TP-{_RANK}(?:-EP-\d+)?(?:-[A-Za-z]+)?\.trace\.json(?:\.gz)?$")
 # The weakest form, `profile_3.json`: a number after the last underscore, just before the extension.
 _NUMBER_BEFORE_SUFFIX = re.compile(rf"_{_RANK}\.(?:pt\.trace\.)?json(?:\.gz)?$")
 # torch.profiler.tensorboard_trace_handler writes `<worker_name>.<time.time_ns()>.pt.trace.json[.gz]`,
@@ -83,12 +88,12 @@ def rank_from_name(path: str) -> int | None:
 
 
 def name_parts(path: str) -> NameParts:
-    """The rank a file name carries (`rank3`, `rank-3`, `rank_3`, `worker3`, else `_3.` before the
-    extension; at most 6 digits), or the hostname and pid of tensorboard_trace_handler's default name."""
+    """The rank a file name carries (`rank3`, `rank-3`, `rank_3`, `worker3`, sglang's `-TP-3`, else
+    `_3.` before the extension; at most 6 digits), or the hostname and pid of tensorboard_trace_handler's default name."""
     name = Path(path).name
     tb = _TENSORBOARD_NAME.match(name)
     if tb is None:
-        m = _RANK_IN_NAME.search(name) or _NUMBER_BEFORE_SUFFIX.search(name)
+        m = _RANK_IN_NAME.search(name) or _SGLANG_TP.search(name) or _NUMBER_BEFORE_SUFFIX.search(name)
         return NameParts(int(m.group(1)) if m else None, None, None)
     worker = tb.group("worker")
     m = _RANK_IN_NAME.search(worker)

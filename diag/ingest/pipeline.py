@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from diag import store
@@ -171,15 +172,22 @@ def parse_into(
         if r is not None and not 0 <= r < 2**31:   # trace_files.rank is an INTEGER
             raise BadInput(path, f"rank {r} (from {source}) is not a rank")
     sink.rank = rank
+    profiler_ranges = 0
     for tables in chunks:
         sink.add(tables)
+        profiler_ranges += _count(tables["other_events"], "cat", "cuda_profiler_range")
     if merged is not None:
         warnings.append(f"merges ranks {', '.join(map(str, merged.ranks))}, told apart by {merged.how}: "
                         "one timeline per rank")
         if merged.unplaced:
             warnings.append(f"{merged.unplaced} events of processes that name no rank were kept with rank "
                             f"{merged.ranks[0]}")
-    if not info.has_gpu:
+    if not info.has_gpu and profiler_ranges:
+        # CUPTI's range profiler (torch.profiler's experimental_config profiler_metrics) records
+        # counters per range in place of the activity timeline: there are no kernels to sweep.
+        warnings.append(f"no GPU activity (kernels, memcpy, memset): the GPU work was captured as {profiler_ranges} "
+                        "CUPTI profiler ranges (cuda_profiler_range: counters per range, no kernel timeline)")
+    elif not info.has_gpu:
         warnings.append("no GPU activity (kernels, memcpy, memset): CPU-only or an unsupported accelerator")
     dev = device_props_for(info.device_props, info.kernel_devices)
     row = {
@@ -607,3 +615,8 @@ def _number_windows(con: duckdb.DuckDBPyConnection) -> None:
         WHERE trace_files.file_id = w.file_id AND trace_files.capture_window IS DISTINCT FROM w.n
         """
     )
+
+
+def _count(table: pa.Table, column: str, value: str) -> int:
+    """Rows of `table` whose `column` equals `value`."""
+    return int(pc.sum(pc.equal(table.column(column), value)).as_py() or 0)

@@ -11,11 +11,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
+from diag.durations import percent
 from tui import queries
 from tui.queries import Place, fmt_ranks, fmt_seconds
 from tui.snapshot import Snapshot
 from tui.views.base import Jump, View, query, right
-from tui.views.overview import SEVERITY_STYLE, pct
+from tui.views.overview import SEVERITY_STYLE
 
 MAX_EVIDENCE = 50
 
@@ -33,7 +34,7 @@ def detail(f: Mapping[str, Any], mfu: float | None) -> Text:
     t.append(f"{f['advice']}\n")
     if f["what_if_mfu"] is not None and f["lost_fraction"]:
         t.append("what if: ", style="bold")
-        t.append(f"without it MFU would be {pct(f['what_if_mfu'])} (now {pct(mfu)})\n")
+        t.append(f"without it MFU would be {percent(f['what_if_mfu'], '?')} (now {percent(mfu, '?')})\n")
     t.append(f"ranks {fmt_ranks(f['ranks'])} · steps {fmt_ranks(f['steps'])}", style="dim")
     return t
 
@@ -81,7 +82,7 @@ class Findings(View):
         for i, f in enumerate(findings):
             t.add_row(right(str(i + 1)), f"{f['code']} {f['slug']}",
                       Text(f["severity"], style=SEVERITY_STYLE.get(f["severity"], "")),
-                      right(f"{f['mfu_points']:.1f}"), right(fmt_seconds(f["lost_s"])), right(pct(f["what_if_mfu"])),
+                      right(f"{f['mfu_points']:.1f}"), right(fmt_seconds(f["lost_s"])), right(percent(f["what_if_mfu"], "?")),
                       key=str(i))
         if findings:
             t.move_cursor(row=min(row, len(findings) - 1))

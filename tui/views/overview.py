@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from diag.durations import percent
 from diag.report import peak_label
 from tui.queries import fmt_seconds
 from tui.snapshot import LiveStatus, Snapshot
@@ -24,17 +25,13 @@ TOP_FINDINGS = 5
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
-def pct(x: float | None) -> str:
-    return "?" if x is None else f"{x * 100:.1f}%"
-
-
 def headline(r: Mapping[str, Any]) -> Text:
     d = r["device"]
     t = Text()
     t.append("MFU ", style="dim")
-    t.append(pct(r["mfu"]), style="bold")
+    t.append(percent(r["mfu"], "?"), style="bold")
     t.append("   HFU ", style="dim")
-    t.append(pct(r["hfu"]), style="bold")
+    t.append(percent(r["hfu"], "?"), style="bold")
     t.append("   step ", style="dim")
     t.append(fmt_seconds(r["step_time_s"]), style="bold")
     t.append("   world ", style="dim")
@@ -91,7 +88,7 @@ class Overview(View):
         t.clear()
         for i, f in enumerate(r["findings"][:TOP_FINDINGS]):
             t.add_row(Text(f"{f['code']} {f['slug']}", style=SEVERITY_STYLE.get(f["severity"], "")),
-                      right(f"{f['mfu_points']:.1f}"), right(pct(f["what_if_mfu"])), key=str(i))
+                      right(f"{f['mfu_points']:.1f}"), right(percent(f["what_if_mfu"], "?")), key=str(i))
         if not r["findings"]:
             t.add_row(Text("no findings above their thresholds", style="dim"), "", "")
         notes = Text()
