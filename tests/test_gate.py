@@ -376,6 +376,24 @@ def test_other_model_is_refused(healthy: Report, gate: Callable[..., Result], tm
     assert gate("--baseline", base, write(tmp_path / "renamed.json", renamed)).code == 0
 
 
+def test_a_moved_dtype_mix_is_the_same_device(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
+    # H100 SXM dense bf16 989.4, fp8 1978.9 TFLOP/s: 2:1 fp8:bf16 FLOPs → 1 / (0.667/1978.9 + 0.333/989.4)
+    # = 1484.1; 3:1 → 1583.1. More GEMMs in fp8 moves the effective peak; the gate compares the MFUs.
+    def on_h100(mix: dict[str, float], peak: float) -> Report:
+        r = copy.deepcopy(healthy)
+        r["device"] = {**r["device"], "part": "h100-sxm", "dtype": "fp8", "dtype_mix": mix, "peak_tflops": peak}
+        return r
+
+    base = write(tmp_path / "base.json", on_h100({"fp8": 2 / 3, "bf16": 1 / 3}, 1484.1))
+    assert gate("--baseline", base, write(tmp_path / "more_fp8.json", on_h100({"fp8": 0.75, "bf16": 0.25}, 1583.1))).code == 0
+    # The same mix at another peak is another denominator (a --peak-tflops, or another part's table).
+    other = gate("--baseline", base, write(tmp_path / "other.json", on_h100({"fp8": 2 / 3, "bf16": 1 / 3}, 1300.0)))
+    assert other.code == 2 and "device" in other.err
+    moved_part = on_h100({"fp8": 0.75, "bf16": 0.25}, 1583.1)
+    moved_part["device"]["part"] = "h200"
+    assert gate("--baseline", base, write(tmp_path / "h200.json", moved_part)).code == 2
+
+
 def test_damaged_trace_file_is_read_as_a_trace(runs: dict[str, Path], healthy: Report, gate: Callable[..., Result],
                                                tmp_path: Path) -> None:
     # A killed run's trace: ingest names the damage and its offset, and offers --salvage.
