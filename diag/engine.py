@@ -360,8 +360,9 @@ def _model_flops(
         # FLOPs, and so the MFU, a silent underestimate: leave them unknown instead.
         for k, st in states.items():
             states[k] = _with_model(st, None)
-        return (f"{note}: only {covered:.0%} of GEMM/attention kernel time has op shapes (record_shapes off, "
-                "or torch.compile regions), so model FLOPs and MFU are unknown; pass --model with tokens_per_step")
+        why = (f"only {covered:.0%} of GEMM/attention kernel time has op shapes (record_shapes off, or torch.compile "
+               "regions)" if any(r.matmul_ns for r in ranks) else "no GEMM or attention kernel ran")
+        return f"{note}: {why}, so model FLOPs and MFU are unknown; pass --model with tokens_per_step"
     for k, st in states.items():
         # Inference has no backward to tell forward ops from: every matmul FLOP executed in the step
         # is the model's (ops outside any ProfilerStep span are phase `other`, not `forward`).

@@ -141,3 +141,12 @@ def test_unexplained_idle_lists_the_largest_gaps() -> None:
     assert f["bucket"] == "idle_other" and f["lost_fraction"] == pytest.approx(report["ledger"]["idle_other"])
     gaps = [g["ms"] for g in f["details"]["largest_gaps"]]
     assert gaps and gaps == sorted(gaps, reverse=True) and "largest gaps" in f["summary"]
+
+
+def test_a_capture_with_no_matmul_says_so() -> None:
+    # kineto's docs trace: one kernel, named `Kernel`; no GEMM ran, so there is no share of GEMM time to cover.
+    r = run_diag("analyze", str(shared_traces() / "kineto/docs/traces/after_fix_trace.json"), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["mfu"] is None
+    assert any("no GEMM or attention kernel ran, so model FLOPs and MFU are unknown" in n for n in report["notes"])
