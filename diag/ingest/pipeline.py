@@ -175,7 +175,8 @@ def parse_into(
     profiler_ranges = 0
     for tables in chunks:
         sink.add(tables)
-        profiler_ranges += _count(tables["other_events"], "cat", "cuda_profiler_range")
+        if "other_events" in tables:   # the forked second half sends one table per chunk
+            profiler_ranges += _count(tables["other_events"], "cat", "cuda_profiler_range")
     if merged is not None:
         warnings.append(f"merges ranks {', '.join(map(str, merged.ranks))}, told apart by {merged.how}: "
                         "one timeline per rank")
