@@ -342,6 +342,19 @@ def test_every_dtype_row_names_its_example(row: DtypePattern) -> None:
         ("fmha_cutlassB_bf16_aligned_128x64_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<"
          "cutlass::arch::Sm80, cutlass::bfloat16_t, true, false, true, 128, 64, 128, false>::Params)",
          "attention", "bf16", None),
+        # Serving: FlashInfer, vLLM paged attention (its KV-cache enum names fp8 in every instance),
+        # SGLang's Triton attention, the Triton MoE grouped GEMM, Marlin int4 (CUDA's `int4` vector type).
+        ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, 4u, 8u, 16u, 1u, 8u, "
+         "(flashinfer::PageStorage)0, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int>", "attention", "bf16", None),
+        ("void vllm::paged_attention_v2_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, "
+         "(vllm::Fp8KVCacheDataType)0, false, 512>", "attention", "bf16", None),
+        ("void vllm::paged_attention_v1_kernel<unsigned char, unsigned char, 128, 16, 128, "
+         "(vllm::Fp8KVCacheDataType)1, false>", "attention", None, None),
+        ("_fwd_kernel_stage2", "attention", None, None),
+        ("fused_moe_kernel_gptq_awq", "gemm", None, None),
+        ("void marlin::Marlin<256, 1, 8, 8, 4, 8>(int4 const*, int4 const*, int4*, int4 const*, int, int, int, int)",
+         "gemm", None, None),
+        ("void vllm::paged_attention_v2_reduce_kernel<__nv_bfloat16, 128, 128, 512>", "other", None, None),
     ],
 )
 def test_issue_13_names(name: str, kernel_class: str, dtype: str | None, collective: str | None) -> None:
