@@ -1,10 +1,17 @@
 """What-ifs re-timed on the critical path's graph (docs/critical_path.md "What-ifs").
 
-The straggler's: the late ranks' compute at the median rank's speed, then every collective and
-send/recv pair re-timed in the order they ended: a call starts earlier by the compute its rank no
-longer spends before it, or by what the call queued right behind it gained; an instance ends when
-its last member arrives plus its transfer (its shortest member's duration); each rank's step ends
-its tail after its last call later. So another rank takes over the path where it would.
+One re-timer for every time cause: a cause says which intervals of which rank's step get shorter
+(`Saving`) and which collective transfers no longer hold their rank (`hidden`); the re-timer moves
+each rank's work earlier by what it saved, re-times every collective and send/recv pair in the
+order they ended (a call starts earlier by what its rank saved before it, or by what the call it
+was queued behind gained; an instance ends when its last member arrives plus its transfer), and
+where a rank's GPU waited on a call (only communication ran until the call's end) its work after
+the call goes no earlier than the call's new end allows. So the next bottleneck takes over: a
+rank that saved nothing still ends where it did, and a collective still waits for its last rank.
+
+The bubble is not a saving on this graph: it is made by the joins themselves (a stage waits for
+its neighbour), and shrinking it means more microbatches, another graph. Its what-if is the
+closed form: each rank's time outside the bubble with the bubble at the schedule's floor.
 """
 
 from __future__ import annotations
@@ -12,16 +19,26 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import duckdb
 
 from diag.analysis import Finding, RunContext
-from diag.collectives import Matched
 from diag.critical_path import RunCache, aligned_offsets
 
 # A call starting within this of an earlier call's end on its rank was queued behind it (ns).
 QUEUED_NS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Saving:
+    """[start, end) of one rank's step (aligned) runs `saved_ns` shorter, spread evenly over it."""
+
+    start_ns: int
+    end_ns: int
+    saved_ns: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,115 +49,237 @@ class _Call:
     instance: str
 
 
+@dataclass
+class Change:
+    """What a cause shortens: per step number, per file, its savings (disjoint, any order); and
+    per call, the transfer time it no longer holds its rank for."""
+
+    savings: dict[int, dict[int, list[Saving]]]
+    hidden: dict[_Call, int]
+
+
 def retimed(con: duckdb.DuckDBPyConnection, run: RunContext, findings: list[Finding]) -> list[Finding]:
     """Each finding with `what_if_mfu_naive` (its bucket-removal estimate) and `what_if_mfu`
-    re-timed where diag can (MFU005), the naive value elsewhere."""
+    re-timed where diag builds a re-timed what-if for its code (CHANGES, and MFU002's floor), the
+    naive value elsewhere."""
+    graph = Retimer(con, run) if any(f.code in CHANGES for f in findings) else None
     out = []
     for f in findings:
-        graph = straggler_what_if(con, run, set(f.ranks)) if f.code == "MFU005" else None
-        out.append(replace(f, what_if_mfu=f.what_if_mfu if graph is None else graph, what_if_mfu_naive=f.what_if_mfu))
+        value = None
+        if run.mfu is not None and run.peak.flops_per_s is not None:
+            if graph is not None and f.code in CHANGES:
+                value = graph.mfu(CHANGES[f.code](graph, f))
+            elif f.code == "MFU002":
+                value = _mfu(run, bubble_at_floor(run, f.details.get("theoretical_bubble") or 0.0))
+        out.append(replace(f, what_if_mfu=f.what_if_mfu if value is None else value, what_if_mfu_naive=f.what_if_mfu))
     return out
 
 
-def straggler_what_if(con: duckdb.DuckDBPyConnection, run: RunContext, slow: set[int]) -> float | None:
-    """The MFU with the `slow` ranks' compute at the median rank's speed, re-timed."""
-    if run.mfu is None or run.peak.flops_per_s is None:
+class Retimer:
+    """The run's joins per step, read once; `mfu(change)` re-times every step under a change."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run: RunContext):
+        self.con, self.run = con, run
+        self.offsets = aligned_offsets(run)
+        self.files = {r.file_id: r for r in run.ranks}
+        self.keys: dict[int, list[tuple[int, int]]] = defaultdict(list)   # step → (file, step index)
+        for k, st in run.states.items():
+            self.keys[st.step].append(k)
+        self.calls: dict[int, list[_Call]] = defaultdict(list)
+        self.call_of: dict[tuple[int, int], _Call] = {}                   # (file, activity) → its call
+        for m in run.matched:
+            c = m.call
+            if c.step is not None:
+                off = self.offsets.get(c.rank, 0)
+                call = _Call(c.file_id, c.ts_ns + off, c.end_ns + off, m.instance)
+                self.calls[c.step].append(call)
+                self.call_of[(c.file_id, c.act)] = call
+
+    @cached_property
+    def comm_runs(self) -> dict[int, tuple[list[int], list[int]]]:
+        """Per file, the GPU's communication-only runs (aligned ends, starts), by end: where a
+        call ends inside one, the rank's GPU had nothing but communication to do until it ended."""
+        out: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for fid, s, e in self.con.execute(
+                "SELECT file_id, start_ns, end_ns FROM gpu_segments WHERE state = 'comm' ORDER BY file_id, end_ns"
+        ).fetchall():
+            if fid in self.files:
+                off = self.offsets.get(self.files[fid].rank, 0)
+                ends, starts = out[fid]
+                ends.append(e + off)
+                starts.append(s + off)
+        return out
+
+    def window(self, file_id: int, i: int) -> tuple[int, int]:
+        r = self.files[file_id]
+        off = self.offsets.get(r.rank, 0)
+        return int(r.steps.start_ns[i]) + off, int(r.steps.end_ns[i]) + off
+
+    def runs(self, step: int) -> RunCache:
+        return RunCache(self.con, self.files, self.offsets, step)
+
+    def mfu(self, change: Change) -> float | None:
+        return _mfu(self.run, {step: self.ratio(step, change) for step in self.keys})
+
+    def ratio(self, step: int, change: Change) -> float:
+        """The step's re-timed length over its length: last window end less the first window start."""
+        windows = {fid: self.window(fid, i) for fid, i in self.keys[step]}
+        savings = change.savings.get(step, {})
+        chains = {fid: _Chain(savings.get(fid, [])) for fid in windows}
+        members: dict[str, list[_Call]] = defaultdict(list)
+        for c in self.calls.get(step, []):
+            if c.file_id in windows:
+                members[c.instance].append(c)
+        gained: dict[_Call, float] = {}
+        done_on: dict[int, list[_Call]] = defaultdict(list)   # file → its calls re-timed so far
+        for inst in sorted(members, key=lambda k: max(c.end_ns for c in members[k])):
+            ms = members[inst]
+            new_start = {}
+            for c in ms:
+                queued = [gained[p] for p in done_on[c.file_id] if abs(c.start_ns - p.end_ns) <= QUEUED_NS]
+                new_start[c] = c.start_ns - max([chains[c.file_id].shift(c.start_ns), *queued])
+            transfer = min(c.end_ns - c.start_ns for c in ms)   # the time it took once all had arrived
+            end = max(c.start_ns for c in ms) + transfer
+            arrived = max(new_start.values())
+            for c in ms:
+                gained[c] = max(end - (arrived + max(transfer - change.hidden.get(c, 0), 0)), 0.0)
+                done_on[c.file_id].append(c)
+                blocked = self._blocked_since(c)
+                if blocked is not None:
+                    # Its work after the call ran once both were done: what ran before the GPU
+                    # started waiting (moved by its own shift) and the call (moved by what it gained).
+                    chain = chains[c.file_id]
+                    chain.join(c.end_ns, min(chain.shift(blocked) + (c.end_ns - blocked), gained[c]))
+        start = min(w[0] for w in windows.values())
+        old = max(w[1] for w in windows.values()) - start
+        new = max(w[1] - chains[fid].shift(w[1]) for fid, w in windows.items()) - start
+        return new / old if old > 0 else 1.0
+
+    def _blocked_since(self, c: _Call) -> int | None:
+        """Where the communication-only run holding the call's end began, if one does."""
+        ends, starts = self.comm_runs.get(c.file_id, ([], []))
+        i = bisect.bisect_left(ends, c.end_ns)
+        if i < len(ends) and starts[i] < c.end_ns:
+            return starts[i]
         return None
-    offsets = aligned_offsets(run)
-    files = {r.file_id: r for r in run.ranks}
-    by_step: dict[int, list[tuple[int, int]]] = defaultdict(list)   # step → (file, index)
-    for fid, i in run.states:
-        by_step[run.states[(fid, i)].step].append((fid, i))
-    calls = _calls(run.matched, offsets)
-    ratio: dict[int, float] = {}
-    for step, keys in by_step.items():
-        runs = RunCache(con, files, offsets, step)
-        median = statistics.median(run.states[k].compute_ns for k in keys)
-        saved: dict[int, tuple[float, list[tuple[int, int, float]]]] = {}   # file → (fraction saved, its compute runs)
-        for fid, i in keys:
-            st = run.states[(fid, i)]
-            if _rank(run, fid) in slow and st.compute_ns > median:
-                frac = 1 - median / st.compute_ns
-                saved[fid] = (frac, _savings(runs, fid, frac, _window(run, offsets, fid, i)))
-        old, new = _retime(run, offsets, keys, calls.get(step, []), saved)
-        ratio[step] = new / old if old > 0 else 1.0
-    vals = [(st.model_flops or 0.0) / (st.window_ns * 1e-9 * ratio[st.step] * run.peak.flops_per_s)
+
+
+class _Chain:
+    """One rank's work in a step: how much earlier what ran at time t runs under a change."""
+
+    def __init__(self, savings: list[Saving]):
+        ordered = sorted(savings, key=lambda s: s.start_ns)
+        self.savings = ordered
+        self.starts = [s.start_ns for s in ordered]
+        self.before: list[float] = []   # saved before each saving
+        total = 0.0
+        for s in ordered:
+            self.before.append(total)
+            total += s.saved_ns
+        self.joins: list[tuple[int, float]] = []   # (time, shift there): the call's end it waited on
+
+    def saved(self, t: int) -> float:
+        """Time saved before t: whole savings before it, and the part of one t cuts."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i < 0:
+            return 0.0
+        s = self.savings[i]
+        return self.before[i] + s.saved_ns * (min(t, s.end_ns) - s.start_ns) / max(s.end_ns - s.start_ns, 1)
+
+    def shift(self, t: int) -> float:
+        i = bisect.bisect_right(self.joins, (t, float("inf"))) - 1
+        if i < 0:
+            return self.saved(t)
+        at, base = self.joins[i]
+        return base + self.saved(t) - self.saved(at)
+
+    def join(self, t: int, shift: float) -> None:
+        bisect.insort(self.joins, (t, shift))
+
+
+def _mfu(run: RunContext, ratio: dict[int, float]) -> float | None:
+    """The MFU as the report computes it (mean over ranks and steps) with each step's windows
+    scaled by its ratio."""
+    if run.peak.flops_per_s is None:
+        return None
+    vals = [(st.model_flops or 0.0) / (st.window_ns * 1e-9 * ratio.get(st.step, 1.0) * run.peak.flops_per_s)
             for st in run.states.values() if st.window_ns > 0]
     return statistics.fmean(vals) if vals else None
 
 
-def _rank(run: RunContext, file_id: int) -> int:
-    return next(r.rank for r in run.ranks if r.file_id == file_id)
+# ---- the causes ----------------------------------------------------------------------------------
+
+def straggler(graph: Retimer, f: Finding) -> Change:
+    """MFU005: each named rank whose compute exceeds the step's median rank's has its compute runs
+    shortened by 1 − median ÷ its compute (the median rank's speed)."""
+    run, slow = graph.run, set(f.ranks)
+    out: dict[int, dict[int, list[Saving]]] = defaultdict(dict)
+    for step, keys in graph.keys.items():
+        median = statistics.median(run.states[k].compute_ns for k in keys)
+        runs = graph.runs(step)
+        for fid, i in keys:
+            st = run.states[(fid, i)]
+            if graph.files[fid].rank in slow and st.compute_ns > median:
+                frac = 1 - median / st.compute_ns
+                out[step][fid] = [Saving(a, b, (b - a) * frac)
+                                  for a, b in _clipped(runs, fid, graph.window(fid, i), "compute", None)]
+    return Change(dict(out), {})
 
 
-def _window(run: RunContext, offsets: dict[int, int], file_id: int, i: int) -> tuple[int, int]:
-    r = next(r for r in run.ranks if r.file_id == file_id)
-    off = offsets.get(r.rank, 0)
-    return int(r.steps.start_ns[i]) + off, int(r.steps.end_ns[i]) + off
+def loader(graph: Retimer, f: Finding) -> Change:
+    """MFU006: the GPU's idle time under the data loader's span (the path's `host` dataloader
+    segments, the ledger's `dataloader` bucket) removed from every rank's step."""
+    out: dict[int, dict[int, list[Saving]]] = defaultdict(dict)
+    for step, keys in graph.keys.items():
+        runs = graph.runs(step)
+        for fid, i in keys:
+            if graph.run.states[(fid, i)].dataloader_ns > 0:
+                out[step][fid] = [Saving(a, b, b - a)
+                                  for a, b in _clipped(runs, fid, graph.window(fid, i), "host", "dataloader")]
+    return Change(dict(out), {})
 
 
-def _calls(matched: list[Matched], offsets: dict[int, int]) -> dict[int, list[_Call]]:
-    out: dict[int, list[_Call]] = defaultdict(list)
-    for m in matched:
-        c = m.call
-        if c.step is not None:
-            off = offsets.get(c.rank, 0)
-            out[c.step].append(_Call(c.file_id, c.ts_ns + off, c.end_ns + off, m.instance))
-    return out
+def exposed(graph: Retimer, f: Finding) -> Change:
+    """MFU001: every collective's exposed transfer (its time with no compute beside it, less its
+    wait for the last rank: RunContext.exposed_ns, what MFU001 counts) hidden: the call no longer
+    holds its rank for it, but still ends no earlier than its last rank arrives. A call matched
+    with no other rank's is a plain saving on its rank, at its end."""
+    hidden: dict[_Call, int] = {}
+    out: dict[int, dict[int, list[Saving]]] = defaultdict(lambda: defaultdict(list))
+    present = {(fid, st.step) for (fid, _), st in graph.run.states.items()}
+    for r in graph.run.ranks:
+        off = graph.offsets.get(r.rank, 0)
+        for c in r.calls:
+            ns = graph.run.exposed_ns.get((r.file_id, c.act), 0)
+            if ns <= 0 or "sendrecv" in c.collective or c.step is None or (r.file_id, c.step) not in present:
+                continue   # point-to-point only time is the bubble (MFU002's)
+            call = graph.call_of.get((r.file_id, c.act))
+            if call is not None:
+                hidden[call] = ns
+            else:
+                out[c.step][r.file_id].append(Saving(c.end_ns + off - ns, c.end_ns + off, ns))
+    return Change({s: dict(v) for s, v in out.items()}, hidden)
 
 
-def _savings(runs: RunCache, file_id: int, fraction: float, window: tuple[int, int]) -> list[tuple[int, int, float]]:
-    """(start, end, saving before it) of each compute run in the window, saving `fraction` of each."""
-    out, total = [], 0.0
-    for s, e, kind, _ in runs.of(file_id):
-        if kind == "compute" and e > window[0] and s < window[1]:
-            a, b = max(s, window[0]), min(e, window[1])
-            out.append((a, b, total))
-            total += (b - a) * fraction
-    return out
+def _clipped(runs: RunCache, file_id: int, window: tuple[int, int], kind: str,
+             what: str | None) -> list[tuple[int, int]]:
+    """The file's runs of one kind (and `what`) in the step, clipped to its window."""
+    return [(max(s, window[0]), min(e, window[1])) for s, e, k, w in runs.of(file_id)
+            if k == kind and (what is None or w == what) and e > window[0] and s < window[1]]
 
 
-def _saved_by(fraction: float, saved: list[tuple[int, int, float]], t: int) -> float:
-    """Compute time saved before t: whole runs before it, and the part of a run t cuts."""
-    i = bisect.bisect_right(saved, (t, t, float("inf"))) - 1
-    if i < 0:
-        return 0.0
-    s, e, before = saved[i]
-    return before + (min(t, e) - s) * fraction
+# Each re-timed cause's change, by finding code.
+CHANGES: dict[str, Callable[[Retimer, Finding], Change]] = {"MFU005": straggler, "MFU006": loader, "MFU001": exposed}
 
 
-def _retime(run: RunContext, offsets: dict[int, int], keys: list[tuple[int, int]], calls: list[_Call],
-            saved: dict[int, tuple[float, list[tuple[int, int, float]]]]) -> tuple[float, float]:
-    """(step length, re-timed step length): last window end less the first window start."""
-    windows = {fid: _window(run, offsets, fid, i) for fid, i in keys}
-    start = min(w[0] for w in windows.values())
-    members: dict[str, list[_Call]] = defaultdict(list)
-    for c in calls:
-        if c.file_id in windows:
-            members[c.instance].append(c)
-    gained: dict[_Call, float] = {}
-    ends_on: dict[int, list[_Call]] = defaultdict(list)   # file → its calls re-timed so far
-    for inst in sorted(members, key=lambda k: max(c.end_ns for c in members[k])):
-        ms = members[inst]
-        new_start = {}
-        for c in ms:
-            frac, runs_ = saved.get(c.file_id, (0.0, []))
-            shift = _saved_by(frac, runs_, c.start_ns)
-            queued = [gained[p] for p in ends_on[c.file_id] if abs(c.start_ns - p.end_ns) <= QUEUED_NS]
-            new_start[c] = c.start_ns - max([shift, *queued])
-        transfer = min(c.end_ns - c.start_ns for c in ms)
-        end = max(new_start.values()) + transfer
-        orig_end = max(c.start_ns for c in ms) + transfer
-        for c in ms:
-            gained[c] = max(orig_end - end, 0.0)
-            ends_on[c.file_id].append(c)
-    new_ends = []
-    for fid, (_, w_end) in windows.items():
-        last = max(ends_on.get(fid, []), key=lambda c: c.end_ns, default=None)
-        frac, s = saved.get(fid, (0.0, []))
-        if last is None:
-            new_ends.append(w_end - _saved_by(frac, s, w_end))
-            continue
-        # The work after the last call follows it (the chain the path walks), less its own saving.
-        new_ends.append(w_end - gained[last] - (_saved_by(frac, s, w_end) - _saved_by(frac, s, last.end_ns)))
-    return max(w[1] for w in windows.values()) - start, max(new_ends) - start
+def bubble_at_floor(run: RunContext, floor: float) -> dict[int, float]:
+    """MFU002, per step: each rank's time outside the bubble (its window less its point-to-point
+    only time) over 1 − floor is its window with the bubble at `floor` of it (the schedule's
+    (p−1)/(m+p−1)/v, DESIGN.md; 0 where p and m are not detected), never longer than it was; the
+    step is as long as its longest rank. Ratio: that over the longest window as measured."""
+    new: dict[int, int | float] = defaultdict(float)
+    old: dict[int, int] = defaultdict(int)
+    for st in run.states.values():
+        new[st.step] = max(new[st.step], min(st.window_ns, (st.window_ns - st.p2p_only_ns) / (1 - floor)))
+        old[st.step] = max(old[st.step], st.window_ns)
+    return {step: new[step] / old[step] if old[step] else 1.0 for step in old}
