@@ -165,7 +165,7 @@ def _of(f: dict[str, Any]) -> str:
     return f" of {f['bucket']}{gain}"
 
 
-def path_line(r: dict[str, Any]) -> str:
+def path_line(r: Mapping[str, Any]) -> str:
     """Which rank and which kind of time hold the most of the critical path, mean over steps."""
     paths = r["critical_path"]
     share: dict[str, dict[str, float]] = {}

@@ -301,6 +301,55 @@ async def test_timeline_keys_zoom_pan_and_step(loaded: Loaded) -> None:
 
 
 @sync
+async def test_timeline_highlights_the_critical_path(loaded: Loaded) -> None:
+    """`p` on the timeline: the step's path (rank 2, the straggler, from its loader wait on) keeps
+    its colours and its idle time shows as a line; every other GPU lane dims. `p` again restores."""
+    app = make_app(loaded)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await keys("4")(pilot)
+        lanes = app.query_one(LanesWidget)
+        assert lanes.data is not None and lanes.data.path
+        assert set(lanes.data.path) == {STRAGGLER}
+
+        def gpu_rows() -> dict[int, list[Any]]:
+            assert lanes.data is not None
+            return {rank: list(lanes.render_line(2 + 2 * i)) for i, rank in enumerate(lanes.data.ranks)}
+
+        def plot(segs: list[Any]) -> list[Any]:   # the lane after its label, without the cursor column
+            return [s for s in segs[1:] if s.text != "┃" and s.text.strip()]
+
+        before = gpu_rows()
+        assert not any(s.style and s.style.dim for segs in before.values() for s in plot(segs))
+        await keys("p")(pilot)
+        assert lanes.show_path
+        after = gpu_rows()
+        for rank, segs in after.items():
+            dims = [bool(s.style and s.style.dim) for s in plot(segs)]
+            if rank == STRAGGLER:
+                assert not all(dims) and "━" in "".join(s.text for s in segs)
+            else:
+                assert all(dims)
+        await keys("p")(pilot)
+        assert gpu_rows() == before
+
+
+@sync
+async def test_overview_names_what_holds_the_critical_path(loaded: Loaded) -> None:
+    """The Overview's path line is the text report's (diag.report.path_line), here rank 2's."""
+    from textual.widgets import Static
+
+    from diag.report import path_line
+
+    app = make_app(loaded)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        report = loaded.snapshot.report
+        assert report is not None
+        text = str(app.query_one("#ov-path", Static).render())
+        assert text == path_line(report) and text.startswith(f"critical path: rank {STRAGGLER} holds")
+
+
+@sync
 async def test_mouse_switches_views_and_opens_a_cell(loaded: Loaded) -> None:
     from tui.app import nav_text
 
@@ -338,6 +387,7 @@ async def test_mouse_switches_views_and_opens_a_cell(loaded: Loaded) -> None:
         pytest.param((120, 40), ("3", "down", "down"), id="ranks-120x40"),
         pytest.param((120, 40), ("4", "right", "right", "right"), id="timeline-120x40"),
         pytest.param((80, 24), ("4", "plus"), id="timeline-80x24"),
+        pytest.param((120, 40), ("4", "p"), id="timeline-path-120x40"),
         pytest.param((120, 40), ("5",), id="collectives-120x40"),
         pytest.param((80, 24), ("question_mark",), id="help-80x24"),
     ],

@@ -6,6 +6,9 @@ from __future__ import annotations
 STATE_COLORS = {"compute": "#43a047", "comm": "#8e24aa", "copy": "#fb8c00"}
 STATE_ORDER = ("compute", "comm", "copy", "idle")
 
+# The critical path, drawn over the GPU lanes where they show no work (the path's idle and host time).
+PATH_COLOR = "#ffd54f"
+
 # Host phases (diag/phases.py PHASES).
 PHASE_COLORS = {
     "forward": "#1e88e5", "backward": "#f4511e", "recompute": "#d81b60",

@@ -7,7 +7,7 @@ result is immutable so a worker can hand it to a widget as it is.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -94,6 +94,7 @@ class Lanes:
     gpu: dict[int, Spans]                         # rank → GPU-state runs
     cpu: dict[int, Spans]                         # rank → host phases
     offsets_ns: dict[int, int]                    # rank → clock offset (aligned − own clock)
+    path: dict[int, Spans] = field(default_factory=dict)   # rank → its part of the step's critical path
 
     @property
     def span_ns(self) -> tuple[int, int]:
@@ -122,8 +123,9 @@ def lanes(cur: duckdb.DuckDBPyConnection, step: int, ranks: tuple[int, ...]) -> 
     # lane_phases returns (rank, phase, start, end): reorder to (rank, start, end, label).
     phases = [(r, s, e, p) for r, p, s, e in run(cur, "lane_phases", step=step, ranks=list(ranks), sync_ns=SYNC_NS)]
     offsets = dict(cur.execute("SELECT rank, offset_ns FROM clock_offsets").fetchall())
+    path = run(cur, "lane_path", step=step, ranks=list(ranks))
     return Lanes(step, ranks, windows, _spans(segs), _spans(phases),
-                 {r: int(offsets.get(r, 0) or 0) for r in ranks})
+                 {r: int(offsets.get(r, 0) or 0) for r in ranks}, _spans(path))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,14 @@ FROM gpu_segments g LEFT JOIN clock_offsets o USING (rank)
 WHERE g.step = $step AND list_contains($ranks, g.rank)
 ORDER BY g.rank, g.start_ns;
 
+-- name: lane_path
+-- The step's critical path (diag/critical_path.py) on some ranks: the time of each rank the step
+-- waited on, with its kind (compute|comm|wait|copy|idle|host). Already aligned.
+SELECT rank, start_ns, end_ns, kind
+FROM critical_path
+WHERE step = $step AND list_contains($ranks, rank)
+ORDER BY rank, start_ns;
+
 -- name: lane_phases
 -- What the host was doing, per rank: runs of consecutive launches from one phase (forward,
 -- backward, optimizer, ...), from the first launch call's start to the last one's end; launch

@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from diag.durations import percent
-from diag.report import peak_label
+from diag.report import path_line, peak_label
 from tui.queries import fmt_seconds
 from tui.snapshot import LiveStatus, Snapshot
 from tui.views.base import Jump, View, right
@@ -54,6 +54,7 @@ class Overview(View):
         with VerticalScroll(id="ov-scroll"):
             yield Static(id="ov-live")
             yield Static(id="ov-head")
+            yield Static(id="ov-path")
             with Horizontal(id="ov-body"):
                 with Vertical(id="ov-left"):
                     yield Static("[b]Where the step went[/b] [dim]MFU points, mean over ranks and steps[/dim]",
@@ -83,6 +84,7 @@ class Overview(View):
             head.update(Text("waiting for the first trace…", style="dim"))
             return
         head.update(headline(r))
+        self.query_one("#ov-path", Static).update(Text(path_line(r) if r["critical_path"] else "", style="dim"))
         self.query_one("#ov-waterfall", Waterfall).show(r["ledger"])
         t = self.query_one("#ov-findings", DataTable)
         t.clear()

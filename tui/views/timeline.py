@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
 from tui import queries
-from tui.palette import PHASE_COLORS, PHASE_SHORT, STATE_COLORS
+from tui.palette import PATH_COLOR, PHASE_COLORS, PHASE_SHORT, STATE_COLORS
 from tui.queries import Lanes, Place, UnderCursor, fmt_seconds
 from tui.snapshot import Snapshot
 from tui.views.base import View, query, right
@@ -28,6 +28,8 @@ def legend() -> Text:
     for name, color in PHASE_COLORS.items():
         t.append("▄", style=color)
         t.append(f"{PHASE_SHORT[name]} ")
+    t.append(" ━", style=PATH_COLOR)
+    t.append("critical path (p)", style="dim")
     return t
 
 

@@ -1,4 +1,5 @@
-"""Per-rank lanes of one step: the host phase above, the GPU state below, a cursor, zoom and pan."""
+"""Per-rank lanes of one step: the host phase above, the GPU state below, a cursor, zoom and pan;
+`p` highlights the step's critical path (the rest of the GPU lanes dimmed)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tui.palette import PHASE_COLORS, STATE_COLORS
+from tui.palette import PATH_COLOR, PHASE_COLORS, STATE_COLORS
 from tui.queries import Lanes
 from tui.raster import nice_step, rasterize
 
@@ -39,6 +40,7 @@ class LanesWidget(Widget, can_focus=True):
         Binding("0", "zoom_reset", "Fit"),
         Binding("left_square_bracket", "step(-1)", "Prev step", key_display="[", group=_STEP),
         Binding("right_square_bracket", "step(1)", "Next step", key_display="]", group=_STEP),
+        Binding("p", "toggle_path", "Critical path"),
     ]
 
     DEFAULT_CSS = """
@@ -73,6 +75,7 @@ class LanesWidget(Widget, can_focus=True):
         self.cursor_ns = 0.0                              # the cursor is a time: zoom and resize keep it
         self.sel = 0
         self.top = 0
+        self.show_path = False                            # the critical path highlighted
         self._raster: dict[tuple[int, str], list[str | None]] = {}
         self._raster_key: tuple[object, ...] = ()
 
@@ -188,6 +191,10 @@ class LanesWidget(Widget, can_focus=True):
             self.view = (float(lo), float(hi))
             self._moved()
 
+    def action_toggle_path(self) -> None:
+        self.show_path = not self.show_path
+        self.refresh()
+
     def action_step(self, delta: int) -> None:
         self.post_message(self.StepShift(delta))
 
@@ -218,7 +225,7 @@ class LanesWidget(Widget, can_focus=True):
             self._raster, self._raster_key = {}, key
         if (rank, kind) not in self._raster:
             assert self.data is not None
-            spans = (self.data.gpu if kind == "gpu" else self.data.cpu).get(rank)
+            spans = {"gpu": self.data.gpu, "cpu": self.data.cpu, "path": self.data.path}[kind].get(rank)
             self._raster[(rank, kind)] = rasterize(spans, self.view[0], self.view[1], self.plot_width)
         return self._raster[(rank, kind)]
 
@@ -248,6 +255,7 @@ class LanesWidget(Widget, can_focus=True):
         dark = self.app.current_theme.dark
         idle_fg = "#5f5f5f" if dark else "#b0b0b0"
         cursor_col = self.cursor_col
+        path = self._row(rank, "path") if self.show_path and gpu_row else None
         for x, name in enumerate(cells):
             cursor = x == cursor_col
             if gpu_row:
@@ -257,6 +265,13 @@ class LanesWidget(Widget, can_focus=True):
                     ch, style = "·", Style(color=idle_fg)
                 else:
                     ch, style = "█", Style(color=STATE_COLORS.get(name, "#9e9e9e"))
+                if path is not None:
+                    # On the path the GPU's work keeps its colour and its waits show as a line;
+                    # off it everything dims.
+                    if path[x] is None:
+                        style += Style(dim=True)
+                    elif ch in " ·":
+                        ch, style = "━", Style(color=PATH_COLOR, bold=True)
             else:
                 # The lower half block sits the host phase right above its GPU lane, thinner.
                 ch, style = ("▄", Style(color=PHASE_COLORS.get(name, "#9e9e9e"))) if name else (" ", Style())
