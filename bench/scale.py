@@ -1,6 +1,6 @@
 """Scale: ingest and analyze R ranks × M MB of Kineto JSON per rank; time, MB/s per core, peak memory.
 
-    python bench/scale.py [--ranks 8,32,128] [--sizes 16,64,128] [--data DIR] [--executor local|ray]
+    python bench/scale.py [--ranks 8,32,128] [--sizes 16,64,128] [--data DIR] [--executor local|ray] [--path-cost]
 
 Traces are generated once into DIR/r{R}_m{M}/ and reused (a point whose files are all there is
 not generated again), so the run is resumable and `--ranks`/`--sizes` choose a subset. Each rank
@@ -13,6 +13,10 @@ child process; its peak memory is the largest summed PSS of that process and all
 the processes that map them and counts a mapped trace's resident pages, so it is an upper bound
 on what the run needs. Results accumulate in DATA/LABEL.jsonl; `--table` prints them (the table
 in docs/scale.md). Growth is seconds per byte ÷ the smallest point's: 1.00 is linear in bytes.
+
+`--path-cost` also runs analyze on the same store with the critical path and the re-timed
+what-ifs left out (diag/engine.py's two calls replaced by no-ops in the child), so the table shows
+what they add: time and peak memory with them ÷ without (issue 18's bar: 1.25 and 1.10).
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ _ID_ARGS = ("External id", "Record function id", "Ev Idx", "correlation", "Seque
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # Gap between copies, µs: a little host time between one copy's last kernel and the next step.
 GAP_US = 50.0
+# diag's command line with the critical path and the re-timed what-ifs left out: the analysis as
+# it was before them, for --path-cost.
+WITHOUT_PATH = ("import sys, diag.engine as e; e.critical_paths = lambda con, run: []; "
+                "e.retimed = lambda con, run, findings: findings; from diag.cli import main; sys.exit(main())")
 
 
 # --------------------------------------------------------------------------- generating
@@ -228,9 +236,11 @@ class Point:
     analyze: Stage | None
     db_bytes: int
     load_avg: float       # the machine's 1-minute load when the point finished: other work skews wall time
+    analyze_no_path: Stage | None = None   # --path-cost: analyze without the critical path and its what-ifs
 
 
-def run_point(data: Path, ranks: int, mb: int, executor: str, jobs: int | None, analyze: bool) -> Point:
+def run_point(data: Path, ranks: int, mb: int, executor: str, jobs: int | None, analyze: bool,
+              path_cost: bool = False) -> Point:
     t = time.perf_counter()
     d = generate_point(data, ranks, mb, jobs or os.cpu_count() or 1)
     gen = time.perf_counter() - t
@@ -242,11 +252,12 @@ def run_point(data: Path, ranks: int, mb: int, executor: str, jobs: int | None, 
     try:
         ing = measure([*diag, "ingest", str(d), "--db", str(db), *extra])
         db_bytes = db.stat().st_size
-        ana = measure([*diag, "analyze", str(db), "--model", str(d / "model.toml"), "--format", "json",
-                       "--out", str(work / "report.json")]) if analyze else None
+        args = ["analyze", str(db), "--model", str(d / "model.toml"), "--format", "json", "--out", str(work / "report.json")]
+        ana = measure([*diag, *args]) if analyze else None
+        bare = measure([sys.executable, "-c", WITHOUT_PATH, *args]) if analyze and path_cost else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Point(ranks, mb, executor, size, gen, ing, ana, db_bytes, os.getloadavg()[0])
+    return Point(ranks, mb, executor, size, gen, ing, ana, db_bytes, os.getloadavg()[0], bare)
 
 
 # --------------------------------------------------------------------------- reporting
@@ -267,6 +278,8 @@ def _stage(s: Stage | None, b: Stage | None, p: Point, base: Point) -> list[str]
 HEADER = ["ranks", "MB/rank", "GB", "gen s",
           "ingest s", "ingest MB/s/core", "ingest peak GB", "ingest growth wall/cpu",
           "analyze s", "analyze MB/s/core", "analyze peak GB", "analyze growth wall/cpu", "load"]
+# --path-cost: analyze without the critical path, and with ÷ without.
+PATH_HEADER = ["no-path analyze s", "no-path peak GB", "path × time wall/cpu", "path × peak"]
 
 
 def table(points: list[Point]) -> str:
@@ -276,12 +289,23 @@ def table(points: list[Point]) -> str:
     if not pts:
         return ""
     base = pts[0]
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    header = HEADER + (PATH_HEADER if any(p.analyze_no_path for p in pts) else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for p in pts:
         row = [f"{p.ranks}", f"{p.mb_per_rank}", f"{p.bytes / 1e9:.2f}", f"{p.gen_s:.0f}",
                *_stage(p.ingest, base.ingest, p, base), *_stage(p.analyze, base.analyze, p, base), f"{p.load_avg:.1f}"]
+        if len(header) > len(HEADER):
+            row += _path_cost(p.analyze, p.analyze_no_path)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def _path_cost(with_path: Stage | None, without: Stage | None) -> list[str]:
+    if with_path is None or without is None:
+        return ["—"] * len(PATH_HEADER)
+    return [f"{without.wall_s:.1f}", f"{without.peak_bytes / 1e9:.3f}",
+            f"{with_path.wall_s / without.wall_s:.2f} / {with_path.cpu_s / without.cpu_s:.2f}",
+            f"{with_path.peak_bytes / without.peak_bytes:.2f}"]
 
 
 def _load_results(path: Path) -> list[Point]:
@@ -291,6 +315,7 @@ def _load_results(path: Path) -> list[Point]:
             d = orjson.loads(line)
             d["ingest"] = Stage(**d["ingest"])
             d["analyze"] = Stage(**d["analyze"]) if d["analyze"] else None
+            d["analyze_no_path"] = Stage(**d["analyze_no_path"]) if d.get("analyze_no_path") else None
             out.append(Point(**d))
     return out
 
@@ -312,13 +337,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="results accumulate in DATA/LABEL.jsonl; the table shows that file's points")
     ap.add_argument("--table", action="store_true", help="print the table of the results kept and exit")
     ap.add_argument("--clean", action="store_true", help="delete each point's traces after measuring it")
+    ap.add_argument("--path-cost", action="store_true",
+                    help="also analyze without the critical path and its what-ifs (time and memory ratios)")
     a = ap.parse_args(argv)
     a.data.mkdir(parents=True, exist_ok=True)
     results = a.data / f"{a.label}.jsonl"
     if not a.table:
         for ranks in a.ranks:
             for mb in a.sizes:
-                p = run_point(a.data, ranks, mb, a.executor, a.jobs, not a.no_analyze)
+                p = run_point(a.data, ranks, mb, a.executor, a.jobs, not a.no_analyze, a.path_cost)
                 with results.open("ab") as f:
                     f.write(orjson.dumps(p) + b"\n")
                 print(f"{ranks} ranks × {mb} MB: ingest {p.ingest.wall_s:.0f} s, "

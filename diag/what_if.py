@@ -19,13 +19,15 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 
 import duckdb
+import numpy as np
 
 from diag.analysis import Finding, RunContext
+from diag.collectives import Call
 from diag.critical_path import RunCache, aligned_offsets
 
 # A call starting within this of an earlier call's end on its rank was queued behind it (ns).
@@ -43,19 +45,23 @@ class Saving:
 
 @dataclass(frozen=True, slots=True)
 class _Call:
+    """One step's matched call, aligned, as the re-timer walks it."""
+
     file_id: int
+    act: int        # the kernel's index in its rank's timeline
     start_ns: int   # aligned
     end_ns: int
-    instance: str
+    blocked_ns: int | None   # where the communication-only run holding its end began (Retimer._blocked)
 
 
 @dataclass
 class Change:
     """What a cause shortens: per step number, per file, its savings (disjoint, any order); and
-    per call, the transfer time it no longer holds its rank for."""
+    per collective call (file, activity index), the transfer time it no longer holds its rank for.
+    Point-to-point transfers are never hidden: their communication-only time is the bubble."""
 
     savings: dict[int, dict[int, list[Saving]]]
-    hidden: dict[_Call, int]
+    hidden: Mapping[tuple[int, int], int]
 
 
 def retimed(con: duckdb.DuckDBPyConnection, run: RunContext, findings: list[Finding]) -> list[Finding]:
@@ -76,7 +82,10 @@ def retimed(con: duckdb.DuckDBPyConnection, run: RunContext, findings: list[Find
 
 
 class Retimer:
-    """The run's joins per step, read once; `mfu(change)` re-times every step under a change."""
+    """The run's joins per step, read once; `mfu(change)` re-times every step under a change.
+
+    The matched calls are kept as flat arrays sorted by step (a 128-rank run has about a million):
+    one step's calls become `_Call`s only while that step is re-timed."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run: RunContext):
         self.con, self.run = con, run
@@ -85,29 +94,38 @@ class Retimer:
         self.keys: dict[int, list[tuple[int, int]]] = defaultdict(list)   # step → (file, step index)
         for k, st in run.states.items():
             self.keys[st.step].append(k)
-        self.calls: dict[int, list[_Call]] = defaultdict(list)
-        self.call_of: dict[tuple[int, int], _Call] = {}                   # (file, activity) → its call
-        for m in run.matched:
-            c = m.call
-            if c.step is not None:
-                off = self.offsets.get(c.rank, 0)
-                call = _Call(c.file_id, c.ts_ns + off, c.end_ns + off, m.instance)
-                self.calls[c.step].append(call)
-                self.call_of[(c.file_id, c.act)] = call
+        ms = sorted((m for m in run.matched if m.call.step is not None), key=lambda m: m.call.step or 0)
+        self.matched = ms
+        off = np.asarray([self.offsets.get(m.call.rank, 0) for m in ms], np.int64)
+        self.file = np.asarray([m.call.file_id for m in ms], np.int64)
+        self.start = np.asarray([m.call.ts_ns for m in ms], np.int64) + off
+        self.end = np.asarray([m.call.end_ns for m in ms], np.int64) + off
+        self.act = np.asarray([m.call.act for m in ms], np.int64)
+        steps, first = np.unique(np.asarray([m.call.step for m in ms], np.int64), return_index=True)
+        self.bounds = {int(s): (int(a), int(b)) for s, a, b in zip(steps, first, [*first[1:], len(ms)], strict=True)}
 
     @cached_property
-    def comm_runs(self) -> dict[int, tuple[list[int], list[int]]]:
-        """Per file, the GPU's communication-only runs (aligned ends, starts), by end: where a
-        call ends inside one, the rank's GPU had nothing but communication to do until it ended."""
-        out: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-        for fid, s, e in self.con.execute(
-                "SELECT file_id, start_ns, end_ns FROM gpu_segments WHERE state = 'comm' ORDER BY file_id, end_ns"
-        ).fetchall():
-            if fid in self.files:
-                off = self.offsets.get(self.files[fid].rank, 0)
-                ends, starts = out[fid]
-                ends.append(e + off)
-                starts.append(s + off)
+    def blocked(self) -> np.ndarray:
+        """Per matched call, where the GPU's communication-only run holding the call's end began
+        (aligned), −1 where compute ran beside its end: from there its rank had nothing but the
+        communication to do, so its work after the call waited on it."""
+        out = np.full(len(self.matched), -1, np.int64)
+        rows = self.con.execute(
+            "SELECT file_id, start_ns, end_ns FROM gpu_segments WHERE state = 'comm' ORDER BY file_id, end_ns"
+        ).fetchnumpy()
+        fid, rs, re_ = (np.asarray(rows[k], np.int64) for k in ("file_id", "start_ns", "end_ns"))
+        for f, r in self.files.items():
+            lo, hi = np.searchsorted(fid, [f, f + 1])
+            mine = np.nonzero(self.file == f)[0]
+            if hi == lo or not len(mine):
+                continue
+            off = self.offsets.get(r.rank, 0)
+            starts, ends = rs[lo:hi] + off, re_[lo:hi] + off
+            i = np.searchsorted(ends, self.end[mine], side="left")
+            inside = i < len(ends)
+            i = np.minimum(i, len(ends) - 1)
+            inside &= starts[i] < self.end[mine]
+            out[mine[inside]] = starts[i[inside]]
         return out
 
     def window(self, file_id: int, i: int) -> tuple[int, int]:
@@ -121,47 +139,49 @@ class Retimer:
     def mfu(self, change: Change) -> float | None:
         return _mfu(self.run, {step: self.ratio(step, change) for step in self.keys})
 
+    def _members(self, step: int, windows: Mapping[int, tuple[int, int]]) -> dict[str, list[tuple[_Call, bool]]]:
+        """The step's instances: their calls on the ranks whose step is analyzed, and whether each is point-to-point."""
+        lo, hi = self.bounds.get(step, (0, 0))
+        blocked = self.blocked
+        out: dict[str, list[tuple[_Call, bool]]] = defaultdict(list)
+        for k in range(lo, hi):
+            m = self.matched[k]
+            if m.call.file_id in windows:
+                b = int(blocked[k])
+                out[m.instance].append((_Call(m.call.file_id, m.call.act, int(self.start[k]), int(self.end[k]),
+                                              None if b < 0 else b), _p2p(m.call)))
+        return out
+
     def ratio(self, step: int, change: Change) -> float:
         """The step's re-timed length over its length: last window end less the first window start."""
         windows = {fid: self.window(fid, i) for fid, i in self.keys[step]}
         savings = change.savings.get(step, {})
         chains = {fid: _Chain(savings.get(fid, [])) for fid in windows}
-        members: dict[str, list[_Call]] = defaultdict(list)
-        for c in self.calls.get(step, []):
-            if c.file_id in windows:
-                members[c.instance].append(c)
+        members = self._members(step, windows)
         gained: dict[_Call, float] = {}
         done_on: dict[int, list[_Call]] = defaultdict(list)   # file → its calls re-timed so far
-        for inst in sorted(members, key=lambda k: max(c.end_ns for c in members[k])):
+        for inst in sorted(members, key=lambda k: max(c.end_ns for c, _ in members[k])):
             ms = members[inst]
             new_start = {}
-            for c in ms:
+            for c, _ in ms:
                 queued = [gained[p] for p in done_on[c.file_id] if abs(c.start_ns - p.end_ns) <= QUEUED_NS]
                 new_start[c] = c.start_ns - max([chains[c.file_id].shift(c.start_ns), *queued])
-            transfer = min(c.end_ns - c.start_ns for c in ms)   # the time it took once all had arrived
-            end = max(c.start_ns for c in ms) + transfer
+            transfer = min(c.end_ns - c.start_ns for c, _ in ms)   # the time it took once all had arrived
+            end = max(c.start_ns for c, _ in ms) + transfer
             arrived = max(new_start.values())
-            for c in ms:
-                gained[c] = max(end - (arrived + max(transfer - change.hidden.get(c, 0), 0)), 0.0)
+            for c, p2p in ms:
+                hidden = 0 if p2p else change.hidden.get((c.file_id, c.act), 0)
+                gained[c] = max(end - (arrived + max(transfer - hidden, 0)), 0.0)
                 done_on[c.file_id].append(c)
-                blocked = self._blocked_since(c)
-                if blocked is not None:
+                if c.blocked_ns is not None:
                     # Its work after the call ran once both were done: what ran before the GPU
                     # started waiting (moved by its own shift) and the call (moved by what it gained).
                     chain = chains[c.file_id]
-                    chain.join(c.end_ns, min(chain.shift(blocked) + (c.end_ns - blocked), gained[c]))
+                    chain.join(c.end_ns, min(chain.shift(c.blocked_ns) + (c.end_ns - c.blocked_ns), gained[c]))
         start = min(w[0] for w in windows.values())
         old = max(w[1] for w in windows.values()) - start
         new = max(w[1] - chains[fid].shift(w[1]) for fid, w in windows.items()) - start
         return new / old if old > 0 else 1.0
-
-    def _blocked_since(self, c: _Call) -> int | None:
-        """Where the communication-only run holding the call's end began, if one does."""
-        ends, starts = self.comm_runs.get(c.file_id, ([], []))
-        i = bisect.bisect_left(ends, c.end_ns)
-        if i < len(ends) and starts[i] < c.end_ns:
-            return starts[i]
-        return None
 
 
 class _Chain:
@@ -242,23 +262,25 @@ def loader(graph: Retimer, f: Finding) -> Change:
 def exposed(graph: Retimer, f: Finding) -> Change:
     """MFU001: every collective's exposed transfer (its time with no compute beside it, less its
     wait for the last rank: RunContext.exposed_ns, what MFU001 counts) hidden: the call no longer
-    holds its rank for it, but still ends no earlier than its last rank arrives. A call matched
-    with no other rank's is a plain saving on its rank, at its end."""
-    hidden: dict[_Call, int] = {}
+    holds its rank for it, but still ends no earlier than its last rank arrives. A call no other
+    rank's matched is a plain saving on its rank, at its end."""
+    run = graph.run
+    present = {(fid, st.step) for (fid, _), st in run.states.items()}
     out: dict[int, dict[int, list[Saving]]] = defaultdict(lambda: defaultdict(list))
-    present = {(fid, st.step) for (fid, _), st in graph.run.states.items()}
-    for r in graph.run.ranks:
+    for r in run.ranks:
         off = graph.offsets.get(r.rank, 0)
+        matched = set(graph.act[graph.file == r.file_id].tolist())
         for c in r.calls:
-            ns = graph.run.exposed_ns.get((r.file_id, c.act), 0)
-            if ns <= 0 or "sendrecv" in c.collective or c.step is None or (r.file_id, c.step) not in present:
-                continue   # point-to-point only time is the bubble (MFU002's)
-            call = graph.call_of.get((r.file_id, c.act))
-            if call is not None:
-                hidden[call] = ns
-            else:
+            ns = run.exposed_ns.get((r.file_id, c.act), 0)
+            if (ns > 0 and not _p2p(c) and c.step is not None and (r.file_id, c.step) in present
+                    and c.act not in matched):
                 out[c.step][r.file_id].append(Saving(c.end_ns + off - ns, c.end_ns + off, ns))
-    return Change({s: dict(v) for s, v in out.items()}, hidden)
+    return Change({s: dict(v) for s, v in out.items()}, run.exposed_ns)
+
+
+def _p2p(c: Call) -> bool:
+    """A send or receive: its communication-only time is the pipeline's bubble, MFU002's."""
+    return c.direction is not None or "sendrecv" in c.collective
 
 
 def _clipped(runs: RunCache, file_id: int, window: tuple[int, int], kind: str,
