@@ -22,6 +22,7 @@ import numpy as np
 
 from diag import store
 from diag.collectives import wait_intervals
+from diag.critical_path import aligned_offsets
 from diag.digest import name_collectives
 from diag.engine import Analysis
 from diag.errors import BadInput
@@ -30,9 +31,9 @@ from diag.states import LANES, ledger_runs
 from diag.timeline import load_rank
 
 # diag's own tracks in each rank's process (thread ids below the source threads' 10..).
-LEDGER_TID, STEPS_TID, FINDINGS_TID, OTHER_TID = 1, 2, 3, 4
+LEDGER_TID, STEPS_TID, FINDINGS_TID, OTHER_TID, PATH_TID = 1, 2, 3, 4, 5
 TRACK_NAMES = {LEDGER_TID: "diag.ledger", STEPS_TID: "diag.steps", FINDINGS_TID: "diag.findings",
-               OTHER_TID: "trace spans, counters & instants"}
+               OTHER_TID: "trace spans, counters & instants", PATH_TID: "diag.critical_path"}
 # A waiting rank's collective gets an arrow to the late rank's when it waited longer than this.
 MIN_FLOW_WAIT_NS = 10_000
 # Flow ids of the wait arrows, above the source flows' (file_id · 2^32 + n) range.
@@ -98,6 +99,7 @@ def export_perfetto(con: duckdb.DuckDBPyConnection, a: Analysis, report: dict[st
     origin = min(lo + offset[r] for r, (lo, _) in windows.items())
     con.execute(store.sql_text("export.sql"))
     waits = wait_intervals(run.matched)
+    aligned = aligned_offsets(run)   # the critical path's clock: a rank no match links stays unshifted
     with _open_out(out) as f:
         f.write('{"displayTimeUnit":"ns","otherData":')
         f.write(json.dumps({
@@ -119,6 +121,7 @@ def export_perfetto(con: duckdb.DuckDBPyConnection, a: Analysis, report: dict[st
             _ledger_track(con, w, a, waits, r, offset[r], origin, cut.steps)
             _steps_track(w, a, r, offset[r], origin, cut.steps)
             _findings_track(con, w, a, r, offset[r], origin, cut.steps)
+            _path_track(con, w, r, offset[r] - aligned.get(r, 0), origin, cut.steps)
         _wait_flows(con, w, set(ranks), offset, origin, cut.steps)
         f.write("\n]}\n")
     return w.n
@@ -244,6 +247,19 @@ def _findings_track(con: duckdb.DuckDBPyConnection, w: _Writer, a: Analysis, ran
         for s, e in spans:
             w.event({"ph": "X", "cat": "diag.findings", "name": f.code, "pid": rank, "tid": FINDINGS_TID,
                      "ts": _us(s, offset, origin), "dur": (e - s) / 1000.0, "args": args})
+
+
+def _path_track(con: duckdb.DuckDBPyConnection, w: _Writer, rank: int, shift: int, origin: int,
+                steps: frozenset[int] | None) -> None:
+    """The part of each step's critical path on this rank (the store's `critical_path`), one slice
+    per segment named after its kind; `shift` takes the path's clock to the export's."""
+    for step, seq, kind, s, e, what in con.execute(
+            "SELECT step, seq, kind, start_ns, end_ns, what FROM critical_path WHERE rank = ? ORDER BY step, seq",
+            [rank]).fetchall():
+        if steps is None or step in steps:
+            w.event({"ph": "X", "cat": "diag.critical_path", "name": kind, "pid": rank, "tid": PATH_TID,
+                     "ts": _us(int(s), shift, origin), "dur": (e - s) / 1000.0,
+                     "args": {"step": step, "seq": seq, "what": what}})
 
 
 def _wait_flows(con: duckdb.DuckDBPyConnection, w: _Writer, ranks: set[int], offset: dict[int, int], origin: int,

@@ -113,6 +113,30 @@ def test_demo_export_matches_store_and_report(demo: Path, tmp_path: Path) -> Non
     assert len(ends) == n
     findings = {e["args"]["code"] for e in events if e.get("cat") == "diag.findings"}
     assert findings == {f["code"] for f in report["findings"] if f["ranks"]}
+    path_track(events, db)
+
+
+def path_track(events: list[dict[str, Any]], db: Path) -> None:
+    """The critical-path track: per rank, the store's critical_path rows, each slice inside its
+    rank's step slice (the step track is on the rank's own clock shifted by its offset, the path on
+    the aligned clock: they meet only if the export converts it right), and in `seq` order each
+    slice ends where the next begins, whatever rank it is on."""
+    path = [e for e in events if e.get("cat") == "diag.critical_path"]
+    con = duckdb.connect(str(db), read_only=True)
+    rows = dict(con.execute("SELECT rank, count(*) FROM critical_path GROUP BY rank").fetchall())
+    con.close()
+    assert path and dict(Counter(e["pid"] for e in path)) == rows
+    steps = {(e["pid"], int(e["name"].split()[1])): e for e in events if e.get("cat") == "diag.steps"}
+    for e in path:
+        s = steps[(e["pid"], e["args"]["step"])]
+        assert s["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1e-3, e
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in path:
+        by_step[e["args"]["step"]].append(e)
+    for segs in by_step.values():
+        segs.sort(key=lambda e: e["args"]["seq"])
+        for a, b in zip(segs, segs[1:], strict=False):
+            assert a["ts"] + a["dur"] == pytest.approx(b["ts"], abs=1e-3)
 
 
 def test_cut_by_ranks_and_steps(demo: Path, tmp_path: Path) -> None:
