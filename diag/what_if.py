@@ -28,7 +28,8 @@ import numpy as np
 
 from diag.analysis import Finding, RunContext
 from diag.collectives import Call
-from diag.critical_path import RunCache, aligned_offsets
+from diag.critical_path import aligned_offsets
+from diag.states import union
 
 # A call starting within this of an earlier call's end on its rank was queued behind it (ns).
 QUEUED_NS = 1000
@@ -51,7 +52,7 @@ class _Call:
     act: int        # the kernel's index in its rank's timeline
     start_ns: int   # aligned
     end_ns: int
-    blocked_ns: int | None   # where the communication-only run holding its end began (Retimer._blocked)
+    blocked_ns: int | None   # where the communication-only run holding its end began (Retimer.blocked)
 
 
 @dataclass
@@ -133,8 +134,32 @@ class Retimer:
         off = self.offsets.get(r.rank, 0)
         return int(r.steps.start_ns[i]) + off, int(r.steps.end_ns[i]) + off
 
-    def runs(self, step: int) -> RunCache:
-        return RunCache(self.con, self.files, self.offsets, step)
+    @cached_property
+    def indices(self) -> dict[int, list[int]]:
+        """file → the indices of its analyzed steps."""
+        out: dict[int, list[int]] = defaultdict(list)
+        for fid, i in sorted(self.run.states):
+            out[fid].append(i)
+        return out
+
+    def state_runs(self, file_id: int, state: str) -> list[tuple[int, int]]:
+        """One file's GPU runs of one state over all its steps, aligned, in time order (one read)."""
+        off = self.offsets.get(self.files[file_id].rank, 0)
+        return [(s + off, e + off) for s, e in self.con.execute(
+            "SELECT start_ns, end_ns FROM gpu_segments WHERE file_id = $f AND state = $s ORDER BY start_ns",
+            {"f": file_id, "s": state}).fetchall()]
+
+    def in_window(self, spans: list[tuple[int, int]], file_id: int, i: int, fraction: float) -> list[Saving]:
+        """Sorted disjoint spans cut to the file's step window i, each saving `fraction` of its length."""
+        ws, we = self.window(file_id, i)
+        k = max(bisect.bisect_right(spans, (ws, ws)) - 1, 0)
+        out = []
+        while k < len(spans) and spans[k][0] < we:
+            a, b = max(spans[k][0], ws), min(spans[k][1], we)
+            if b > a:
+                out.append(Saving(a, b, (b - a) * fraction))
+            k += 1
+        return out
 
     def mfu(self, change: Change) -> float | None:
         return _mfu(self.run, {step: self.ratio(step, change) for step in self.keys})
@@ -234,28 +259,32 @@ def straggler(graph: Retimer, f: Finding) -> Change:
     shortened by 1 − median ÷ its compute (the median rank's speed)."""
     run, slow = graph.run, set(f.ranks)
     out: dict[int, dict[int, list[Saving]]] = defaultdict(dict)
-    for step, keys in graph.keys.items():
-        median = statistics.median(run.states[k].compute_ns for k in keys)
-        runs = graph.runs(step)
-        for fid, i in keys:
+    median = {step: statistics.median(run.states[k].compute_ns for k in keys) for step, keys in graph.keys.items()}
+    for fid, indices in graph.indices.items():
+        if graph.files[fid].rank not in slow:
+            continue
+        runs = graph.state_runs(fid, "compute")
+        for i in indices:
             st = run.states[(fid, i)]
-            if graph.files[fid].rank in slow and st.compute_ns > median:
-                frac = 1 - median / st.compute_ns
-                out[step][fid] = [Saving(a, b, (b - a) * frac)
-                                  for a, b in _clipped(runs, fid, graph.window(fid, i), "compute", None)]
+            if st.compute_ns > median[st.step]:
+                out[st.step][fid] = graph.in_window(runs, fid, i, 1 - median[st.step] / st.compute_ns)
     return Change(dict(out), {})
 
 
 def loader(graph: Retimer, f: Finding) -> Change:
     """MFU006: the GPU's idle time under the data loader's span (the path's `host` dataloader
     segments, the ledger's `dataloader` bucket) removed from every rank's step."""
+    run = graph.run
     out: dict[int, dict[int, list[Saving]]] = defaultdict(dict)
-    for step, keys in graph.keys.items():
-        runs = graph.runs(step)
-        for fid, i in keys:
-            if graph.run.states[(fid, i)].dataloader_ns > 0:
-                out[step][fid] = [Saving(a, b, b - a)
-                                  for a, b in _clipped(runs, fid, graph.window(fid, i), "host", "dataloader")]
+    for fid, indices in graph.indices.items():
+        stalled = [i for i in indices if run.states[(fid, i)].dataloader_ns > 0]
+        if not stalled:
+            continue
+        off = graph.offsets.get(graph.files[fid].rank, 0)
+        ls, le = union(*graph.files[fid].dataloader_spans)
+        under = _intersect(graph.state_runs(fid, "idle"), list(zip((ls + off).tolist(), (le + off).tolist(), strict=True)))
+        for i in stalled:
+            out[run.states[(fid, i)].step][fid] = graph.in_window(under, fid, i, 1.0)
     return Change(dict(out), {})
 
 
@@ -283,11 +312,18 @@ def _p2p(c: Call) -> bool:
     return c.direction is not None or "sendrecv" in c.collective
 
 
-def _clipped(runs: RunCache, file_id: int, window: tuple[int, int], kind: str,
-             what: str | None) -> list[tuple[int, int]]:
-    """The file's runs of one kind (and `what`) in the step, clipped to its window."""
-    return [(max(s, window[0]), min(e, window[1])) for s, e, k, w in runs.of(file_id)
-            if k == kind and (what is None or w == what) and e > window[0] and s < window[1]]
+def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts two sorted lists of disjoint intervals share."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
 
 
 # Each re-timed cause's change, by finding code.
