@@ -103,7 +103,8 @@ class Retimer:
         self.end = np.asarray([m.call.end_ns for m in ms], np.int64) + off
         self.act = np.asarray([m.call.act for m in ms], np.int64)
         steps, first = np.unique(np.asarray([m.call.step for m in ms], np.int64), return_index=True)
-        self.bounds = {int(s): (int(a), int(b)) for s, a, b in zip(steps, first, [*first[1:], len(ms)], strict=True)}
+        last = np.append(first[1:], len(ms)) if len(ms) else first   # a run with no matched call: none
+        self.bounds = {int(s): (int(a), int(b)) for s, a, b in zip(steps, first, last, strict=True)}
 
     @cached_property
     def blocked(self) -> np.ndarray:

@@ -295,3 +295,12 @@ def test_hta_single_rank_path_agrees(case: str, region: str, tmp_path: Path, mon
     diag_cpu = (us.get("host", 0.0) + us.get("idle", 0.0)) / sum(us.values())
     assert diag_cpu == pytest.approx(hta_cpu, abs=0.03)
     assert hta.get("gpu_compute_bound", 0.0) <= us.get("compute", 0.0)
+
+
+def test_one_rank_without_collectives_re_times_its_loader_stall(tmp_path: Path) -> None:
+    """A single rank matches no collective: the re-timer has no join to walk, and the loader's
+    what-if is its step less the stall, within a point of the same rank generated without it."""
+    report = _analyzed(tmp_path / "stall", world_size=1, loader_us=2700)
+    f = _finding(report, "MFU006")
+    without = _analyzed(tmp_path / "quick", world_size=1)
+    assert f["what_if_mfu"] == pytest.approx(without["mfu"], abs=0.01)
