@@ -18,6 +18,7 @@ from diag.durations import percent
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
 from diag.report import _header, _of, _waterfall
+from diag.what_if import what_if_words
 
 # One colour per bucket (Okabe–Ito-like, distinguishable in colour-blindness simulations).
 COLOURS = {
@@ -200,7 +201,8 @@ def _findings(r: dict[str, Any]) -> str:
         out.append(
             f'<div class="finding {escape(f["severity"])}"><b>{escape(f["code"])} {escape(f["slug"])}</b> '
             f'<span class="muted">[{escape(f["severity"])}] {f["mfu_points"]:.1f} MFU points{escape(_of(f))}'
-            + (f" · MFU {percent(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"]
+            + (f" · MFU {percent(f['what_if_mfu'])} {what_if_words(f['code'])}"
+               if f["what_if_mfu"] is not None and f["lost_fraction"]
                else "")
             + f'</span><p>{escape(f["summary"])}</p><p><b>What to do:</b> {escape(f["advice"])}</p>'
             + (f'<p class="muted">Ranks: {escape(ranks)}</p>' if ranks else "")

@@ -16,6 +16,7 @@ from diag.critical_path import report_entry
 from diag.durations import duration, percent
 from diag.engine import Analysis
 from diag.ledger import BUCKETS
+from diag.what_if import what_if_words
 
 SCHEMA = "diag.report/1"
 _BAR = 40
@@ -195,7 +196,8 @@ def render_text(r: dict[str, Any]) -> str:
     if r["findings"]:
         lines.append("findings, by what a fix can win")
         for i, f in enumerate(r["findings"], 1):
-            wi = f" → MFU {percent(f['what_if_mfu'])} without it" if f["what_if_mfu"] is not None and f["lost_fraction"] else ""
+            wi = (f" → MFU {percent(f['what_if_mfu'])} {what_if_words(f['code'])}"
+                  if f["what_if_mfu"] is not None and f["lost_fraction"] else "")
             lines.append(f" {i}. {f['code']} {f['slug']} [{f['severity']}] {f['mfu_points']:.1f} pts{_of(f)}{wi}")
             lines.append(f"    {f['summary']}")
             lines.append(f"    do: {f['advice']}")
@@ -224,7 +226,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         if f["ranks"]:
             out.append(f"Ranks: {', '.join(map(str, f['ranks'][:32]))}{' …' if len(f['ranks']) > 32 else ''}  ")
         if f["what_if_mfu"] is not None and f["lost_fraction"]:
-            out.append(f"Without it: MFU {percent(f['what_if_mfu'])}")
+            out.append(f"{what_if_words(f['code']).capitalize()}: MFU {percent(f['what_if_mfu'])}")
         out.append("")
     if r["notes"]:
         out += ["## Notes", ""] + [f"- {n}" for n in r["notes"]]

@@ -327,6 +327,12 @@ def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple
     return out
 
 
+def what_if_words(code: str) -> str:
+    """What a finding's what_if_mfu assumes, in the words the reports put beside it: its cause gone,
+    or for the bubble, at the schedule's floor (at this p and m it cannot go lower)."""
+    return "with the bubble at its floor" if code == "MFU002" else "without it"
+
+
 # Each re-timed cause's change, by finding code.
 CHANGES: dict[str, Callable[[Retimer, Finding], Change]] = {"MFU005": straggler, "MFU006": loader, "MFU001": exposed}
 

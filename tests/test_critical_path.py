@@ -239,6 +239,8 @@ def test_a_bubble_at_its_floor_already_gains_little(case: str, tmp_path_factory:
     by_hand = sum(s["model_flops"] / ((s["window_end_ns"] - s["window_start_ns"]) * new[s["step"]] / old[s["step"]]
                                       * 1e-9 * run.truth["peak_tflops"] * 1e12) for _, s in steps) / len(steps)
     assert f["what_if_mfu"] == pytest.approx(by_hand, abs=0.005)
+    # Said as what it is: not the bubble gone, the bubble at the floor this p and m allow.
+    assert f"→ MFU {f['what_if_mfu'] * 100:.1f}% with the bubble at its floor" in render_text(run.report)
 
 
 # HTA's own critical-path test traces (one rank each) and the region its tests analyze.

@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from diag.durations import percent
+from diag.what_if import what_if_words
 from tui import queries
 from tui.queries import Place, fmt_ranks, fmt_seconds
 from tui.snapshot import Snapshot
@@ -34,7 +35,7 @@ def detail(f: Mapping[str, Any], mfu: float | None) -> Text:
     t.append(f"{f['advice']}\n")
     if f["what_if_mfu"] is not None and f["lost_fraction"]:
         t.append("what if: ", style="bold")
-        t.append(f"without it MFU would be {percent(f['what_if_mfu'], '?')} (now {percent(mfu, '?')})\n")
+        t.append(f"{what_if_words(f['code'])} MFU would be {percent(f['what_if_mfu'], '?')} (now {percent(mfu, '?')})\n")
     t.append(f"ranks {fmt_ranks(f['ranks'])} · steps {fmt_ranks(f['steps'])}", style="dim")
     return t
 
