@@ -28,6 +28,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from diag.lifetime import die_with_parent
+from diag.no_pandas import keep_pandas_out
 
 EXECUTORS = ("local", "ray")
 R = TypeVar("R")
@@ -92,9 +93,8 @@ class LocalExecutor(Executor["Future[Any]"]):
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers or os.cpu_count() or 1)
-        # Workers die with this process, even killed outright (diag/lifetime.py).
         self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=die_with_parent, initargs=(os.getpid(),))
+                                         initializer=_start_worker, initargs=(os.getpid(),))
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any]:
         return self._pool.submit(fn, *args)
@@ -112,6 +112,13 @@ class LocalExecutor(Executor["Future[Any]"]):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(parent_pid: int) -> None:
+    """A local worker dies with this process, even killed outright (diag/lifetime.py), and parses
+    without pandas: pyarrow would import it at the worker's first table (diag/no_pandas.py)."""
+    die_with_parent(parent_pid)
+    keep_pandas_out()
 
 
 class RayExecutor(Executor[Any]):
