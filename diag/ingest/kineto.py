@@ -447,7 +447,7 @@ def _ns_array(values: Sequence[Number | None], bad: Counter[str] | None = None) 
     0.25 µs of resolution, and multiplying by 1000 first would lose a further factor of 1000.
     Integer µs (older traces) are exact either way.
     """
-    a = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    a = np.array(values, dtype=np.float64)   # None → NaN
     valid = np.isfinite(a)
     if (np.abs(a[valid]) > _MAX_US).any():
         raise _OutOfRange
@@ -485,6 +485,11 @@ def _host_id(v: int | str | None, bad: Counter[str] | None = None) -> int | None
     return n
 
 
+def _host_ids(values: list[int | str | None], bad: Counter[str]) -> list[int | None]:
+    """_host_id of each; the integers Kineto writes pass as they are, without a call each."""
+    return [v if type(v) is int else _host_id(v, bad) for v in values]
+
+
 @lru_cache(maxsize=4096)
 def _named_id(name: str) -> int:
     return -1 - int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=7).digest(), "big")
@@ -504,6 +509,11 @@ def value_warnings(bad: Counter[str]) -> list[str]:
 
 def _text(r: msgspec.Raw) -> bytes | None:
     return bytes(r) if len(r) else None
+
+
+def _texts(raws: list[msgspec.Raw]) -> list[bytes | None]:
+    """_text of each, without a call each."""
+    return [bytes(r) if len(r) else None for r in raws]
 
 
 def _schema(*cols: tuple[str, pa.DataType]) -> pa.Schema:
@@ -595,39 +605,50 @@ class _Bucket:
         self.events: list[_Event] = []
         self.raws: list[msgspec.Raw] = []
 
-    def add(self, ev: _Event, raw: msgspec.Raw) -> None:
-        self.events.append(ev)
-        self.raws.append(raw)
+
+_HOST_KEYS = frozenset({"runtime", "cpu"})
+
+
+@lru_cache(maxsize=1024)
+def _complete_key(cat: str | None) -> str:
+    """The bucket of a complete ('X') event with a start, by category: a trace has a handful of
+    categories, so each is worked out once (a host span without pid or tid goes to "other")."""
+    if cat in _NOT_CPU_X:
+        return "other"
+    if cat in _KERNEL_CATS:
+        return "kernels"
+    if cat in _MEMCPY_CATS:
+        return "memcpy"
+    if cat in _MEMSET_CATS:
+        return "memset"
+    if cat == "gpu_user_annotation":
+        return "gpu_ann"
+    if cat in _RUNTIME_CATS or (cat or "").endswith(("_runtime", "_driver")):
+        return "runtime"
+    return "cpu"
 
 
 def _route(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) -> dict[str, _Bucket]:
     r = {k: _Bucket() for k in ("kernels", "memcpy", "memset", "gpu_ann", "runtime", "cpu", "flows", "other")}
+    # Each bucket's two appends, bound once: a call per event less (~10% of tabulating).
+    add = {k: (b.events.append, b.raws.append) for k, b in r.items()}
     for ev, raw in zip(events, raws, strict=True):
-        ph, cat = ev.ph, ev.cat
+        ph = ev.ph
         if not ph:
             # Only a complete ('X') event has both a start and a duration (Chrome trace format).
             bad["no_ph"] += 1
             ph = "X" if ev.dur is not None else ph
-        if ph == "X" and ev.ts is not None and cat not in _NOT_CPU_X:
-            if cat in _KERNEL_CATS:
-                key = "kernels"
-            elif cat in _MEMCPY_CATS:
-                key = "memcpy"
-            elif cat in _MEMSET_CATS:
-                key = "memset"
-            elif cat == "gpu_user_annotation":
-                key = "gpu_ann"
-            elif ev.pid is None or ev.tid is None:
+        if ph == "X" and ev.ts is not None:
+            key = _complete_key(ev.cat)
+            if key in _HOST_KEYS and (ev.pid is None or ev.tid is None):
                 key = "other"
-            elif cat in _RUNTIME_CATS or (cat or "").endswith(("_runtime", "_driver")):
-                key = "runtime"
-            else:
-                key = "cpu"
         elif ph in _FLOW_PHASES:
             key = "flows"
         else:
             key = "other"
-        r[key].add(ev, raw)
+        to_events, to_raws = add[key]
+        to_events(ev)
+        to_raws(raw)
     return r
 
 
@@ -641,8 +662,8 @@ def _common(b: _Bucket, bad: Counter[str]) -> dict[str, Any]:
         "name": [e.name for e in evs],
         "ts_ns": _ns_array([e.ts for e in evs]),
         "dur_ns": _ns_array([e.dur or 0 for e in evs], bad),
-        "external_id": [_ext(e.args) for e in evs],
-        "args": [bytes(r) if len(r) else None for r in b.raws],
+        "external_id": [a.external_id if (a := e.args).external_id is not None else a.external_id_2021 for e in evs],
+        "args": _texts(b.raws),
     }
 
 
@@ -663,8 +684,8 @@ def _host_columns(b: _Bucket, bad: Counter[str]) -> dict[str, Any]:
     return {
         **_common(b, bad),
         "cat": [e.cat for e in evs],
-        "pid": [_host_id(e.pid, bad) for e in evs],
-        "tid": [_host_id(e.tid, bad) for e in evs],
+        "pid": _host_ids([e.pid for e in evs], bad),
+        "tid": _host_ids([e.tid for e in evs], bad),
     }
 
 
@@ -738,8 +759,8 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) 
     tables: dict[str, pa.Table] = {}
 
     kc = _gpu_columns(r["kernels"], bad)
-    kc["grid"] = [_text(e.args.grid) for e in r["kernels"].events]
-    kc["block"] = [_text(e.args.block) for e in r["kernels"].events]
+    kc["grid"] = _texts([e.args.grid for e in r["kernels"].events])
+    kc["block"] = _texts([e.args.block for e in r["kernels"].events])
     tables["kernels"] = _table("kernels", bad, kc)
 
     copies = _Bucket()
@@ -761,8 +782,8 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) 
     pc = _host_columns(r["cpu"], bad)
     pc["seq_num"] = [e.args.seq_num for e in cpu]
     pc["fwd_tid"] = [e.args.fwd_tid for e in cpu]
-    pc["input_dims"] = [_text(e.args.input_dims) for e in cpu]
-    pc["input_types"] = [_text(e.args.input_types) for e in cpu]
+    pc["input_dims"] = _texts([e.args.input_dims for e in cpu])
+    pc["input_types"] = _texts([e.args.input_types for e in cpu])
     pc["trace_flops"] = [e.args.flops for e in cpu]
     tables["cpu_ops"] = _table("cpu_ops", bad, pc)
 
@@ -770,8 +791,8 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) 
     tables["flows"] = _table("flows", bad, {
         "cat": [e.cat for e in fl.events], "name": [e.name for e in fl.events], "ph": [e.ph for e in fl.events],
         "flow_id": [None if e.id is None else str(e.id) for e in fl.events],
-        "pid": [_host_id(e.pid, bad) for e in fl.events], "tid": [_host_id(e.tid, bad) for e in fl.events],
-        "ts_ns": _ns_array([e.ts for e in fl.events]), "args": [_text(x) for x in fl.raws],
+        "pid": _host_ids([e.pid for e in fl.events], bad), "tid": _host_ids([e.tid for e in fl.events], bad),
+        "ts_ns": _ns_array([e.ts for e in fl.events]), "args": _texts(fl.raws),
     })
     ot = r["other"]
     tables["other_events"] = _table("other_events", bad, {
@@ -779,7 +800,7 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) 
         "pid": [None if e.pid is None else str(e.pid) for e in ot.events],
         "tid": [None if e.tid is None else str(e.tid) for e in ot.events],
         "ts_ns": _ns_array([e.ts for e in ot.events]), "dur_ns": _ns_array([e.dur for e in ot.events], bad),
-        "args": [_text(x) for x in ot.raws],
+        "args": _texts(ot.raws),
     })
 
     coll = _collective_rows("cpu_op", cpu)
