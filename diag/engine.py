@@ -94,7 +94,7 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
         batch_bytes = 0
         for i, (f, (digest, rows)) in enumerate(zip(todo, mapped, strict=True)):
             batch[f] = digest, rows
-            batch_bytes += sum(t.nbytes for t in rows.values())
+            batch_bytes += sum(store.arrow_bytes(t) for t in rows.values())
             if i + 1 == len(todo) or batch_bytes >= store.FLUSH_BYTES or len(batch) >= WRITE_FILES:
                 with store.transaction(con):
                     tables.insert_rank_rows(con, [r for _, r in batch.values()])

@@ -123,6 +123,14 @@ def parts_of(con: duckdb.DuckDBPyConnection, file_id: int) -> list[int]:
         "OR (o.path = f.path AND o.read_hash = f.read_hash) WHERE f.file_id = ?", [file_id]).fetchall()]
 
 
+def arrow_bytes(table: pa.Table) -> int:
+    """A table's size for the flush thresholds (FLUSH_BYTES; engine's and ingest's batches of small
+    files). Arrow's `nbytes` walks every buffer to count only its sliced part: 51 µs a table of
+    80 rows, 0.5 s of an analyze of 2,000 small files; the buffers' whole size takes 3 µs. It counts more only for slices (DuckDB's result vectors:
+    a small rank's activities 9.4 kB against 3.8 kB), which then flush a little sooner."""
+    return int(table.get_total_buffer_size())
+
+
 # Arrow buffered per file before it is inserted: a few chunks' worth, small beside the chunk's
 # Python objects (a 4 MB chunk of JSON is ~3.5 MB of Arrow).
 FLUSH_BYTES = 16 * 1024**2
@@ -169,7 +177,7 @@ class FileWriter:
         for name, table in tables.items():
             if table.num_rows:
                 self.pending.setdefault(name, []).append(table)
-                self.pending_bytes += table.nbytes
+                self.pending_bytes += arrow_bytes(table)
         if self.pending_bytes >= FLUSH_BYTES:
             self.flush()
 
@@ -283,7 +291,7 @@ def write_files(con: duckdb.DuckDBPyConnection,
                      .append_column("_rank", pa.array([rank] * t.num_rows, pa.int64()))
                     for fid, (_, rank, tables) in zip(ids, files, strict=True) for t in tables.get(name, ())
                 ]
-                data = pa.concat_tables(parts, promote_options="default")
+                data = concat_small(parts)
                 con.register("_incoming", data)
                 try:
                     con.execute(f"INSERT INTO {name} (file_id, rank, {', '.join(_names(data))}) "
@@ -305,6 +313,15 @@ def write_files(con: duckdb.DuckDBPyConnection,
                                             f"{others} (free space, or give --db on another disk)") from None
         raise
     return ids
+
+
+def concat_small(parts: list[pa.Table]) -> pa.Table:
+    """Several files' tables as one, for one INSERT. Their many small chunks go into one each:
+    DuckDB scans an Arrow table chunk by chunk, and 64 tables of 80 rows inserted in 23 ms as
+    they were, 11 ms combined (2026-12). One file's table is left as it is (a big file's would
+    be copied whole)."""
+    table = pa.concat_tables(parts, promote_options="default")
+    return table.combine_chunks() if len(parts) > 1 else table
 
 
 def _stored_row(file_row: dict[str, Any], file_id: int) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def insert_rank_rows(con: duckdb.DuckDBPyConnection, files: Sequence[dict[str, p
     for table in dict.fromkeys(name for rows in files for name in rows):
         parts = [rows[table] for rows in files if table in rows and rows[table].num_rows]
         if parts:
-            store.insert_arrow(con, table, pa.concat_tables(parts, promote_options="default"))
+            store.insert_arrow(con, table, store.concat_small(parts))
 
 
 def write_run(con: duckdb.DuckDBPyConnection, run: RunContext) -> None:

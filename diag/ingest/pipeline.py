@@ -271,7 +271,7 @@ class _Held:
         for name, t in tables.items():
             if t.num_rows:
                 self.tables.setdefault(name, []).append(t)
-                self.nbytes += t.nbytes
+                self.nbytes += store.arrow_bytes(t)
 
 
 class _Merged(Exception):
