@@ -21,7 +21,7 @@ import numpy.typing as npt
 from diag import kernels
 from diag.collectives import Call, calls_of
 from diag.states import I64, StateRuns, StepStates, Waitable, exposed_comm_ns, rank_states
-from diag.timeline import MATMUL_CLASSES, RankTimeline, Steps
+from diag.timeline import MATMUL_CLASSES, RankTimeline, Steps, numpy_of
 
 # cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math (gemm_shape.py,
 # MFU009; the dtype mix reads the same from data/kernels.toml [[gemm_dtype]]).
@@ -66,7 +66,7 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
     matmul = np.isin(tl.kclass, list(MATMUL_CLASSES))
     dur = tl.end_ns[matmul] - tl.ts_ns[matmul]
     kernel_dur = (tl.end_ns - tl.ts_ns)[tl.kernel]
-    graph = np.asarray(tl.acts.column("graph").fill_null(False), bool)[tl.kernel]
+    graph = numpy_of(tl.acts.column("graph").fill_null(False), bool)[tl.kernel]
     digest = RankDigest(
         tl.file_id, tl.rank, tl.capture_window, tl.world_size, tl.device_props, tl.gpus_per_node,
         tl.host_timeline, tl.steps, calls, states, waitable, exposed_comm_ns(tl), _gemm_dtype_flops(tl),

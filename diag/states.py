@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diag.sweep import Segments, sweep, window_index
-from diag.timeline import MATMUL_CLASSES, RankTimeline
+from diag.timeline import MATMUL_CLASSES, RankTimeline, numpy_of
 
 I64 = npt.NDArray[np.int64]
 STATES = ("compute", "comm", "copy", "idle")
@@ -186,7 +186,7 @@ def _host_bound(seg: Segments, tl: RankTimeline) -> I64:
     """Idle time before the launch call of the next GPU activity returned (per segment)."""
     if len(tl) == 0:
         return np.zeros(len(seg), np.int64)
-    launch_end = np.asarray(tl.acts.column("launch_end").fill_null(-1), np.int64)
+    launch_end = numpy_of(tl.acts.column("launch_end").fill_null(-1), np.int64)
     nxt = np.searchsorted(tl.ts_ns, seg.end_ns, side="left")
     has_next = nxt < len(tl)
     le = np.where(has_next, launch_end[np.clip(nxt, 0, len(tl) - 1)], -1)
@@ -282,7 +282,7 @@ def idle_gaps(tl: RankTimeline) -> IdleGaps:
     a = np.concatenate(starts).astype(np.int64) if starts else np.zeros(0, np.int64)
     b = np.concatenate(ends).astype(np.int64) if ends else np.zeros(0, np.int64)
     step = np.concatenate(steps) if steps else np.zeros(0, np.int64)
-    launch_end = np.asarray(tl.acts.column("launch_end").fill_null(-1), np.int64)
+    launch_end = numpy_of(tl.acts.column("launch_end").fill_null(-1), np.int64)
     nxt = np.searchsorted(tl.ts_ns, b, side="left")
     has = nxt < len(tl)
     le = np.where(has, launch_end[np.clip(nxt, 0, max(len(tl) - 1, 0))] if len(tl) else -1, -1)

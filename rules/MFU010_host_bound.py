@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
+from diag.timeline import numpy_of
 from rules.base import Rule
 
 
@@ -102,12 +103,12 @@ class HostBound(Rule[Params]):
                 cause = "python"
             d.gap_ns[cause] += int(g.host_ns[j])
         in_step = tl.step_of >= 0
-        d.launches = int((in_step & np.asarray(tl.acts.column("launch_ts").is_valid(), bool)).sum())
+        d.launches = int((in_step & numpy_of(tl.acts.column("launch_ts").is_valid(), bool)).sum())
         kern = in_step & tl.kernel
         d.kernels = int(kern.sum())
         d.tiny = int((kern & ((tl.end_ns - tl.ts_ns) < self.params.tiny_kernel_us * 1000)).sum())
-        le = np.asarray(tl.acts.column("launch_end").fill_null(-1), np.int64)
-        lt = np.asarray(tl.acts.column("launch_ts").fill_null(-1), np.int64)
+        le = numpy_of(tl.acts.column("launch_end").fill_null(-1), np.int64)
+        lt = numpy_of(tl.acts.column("launch_ts").fill_null(-1), np.int64)
         ok = in_step & (le >= 0) & (lt >= 0)
         d.launch_us = ((le[ok] - lt[ok]) / 1000).tolist()[:5000]
         step_starts = np.asarray(tl.steps.cpu_start_ns, np.int64)
