@@ -203,10 +203,11 @@ def build_parser() -> DiagParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The `diag` command; `argv` None means this process is the command (the console script,
     `python -m diag.cli`), which then runs without pandas (diag/no_pandas.py: 0.16–0.3 s of each
-    run's CPU). Called with a list, as from a program or a test, it leaves that program's imports alone."""
-    if argv is None:
-        keep_pandas_out()
+    run's CPU), unless on Ray, which has uses of its own for it. Called with a list, as from a
+    program or a test, it leaves that program's imports alone."""
     args = build_parser().parse_args(argv)
+    if argv is None and getattr(args, "executor", "local") != "ray":
+        keep_pandas_out()
     try:
         commands.resolve_gpu(args)
         return int(args.handler(args))
