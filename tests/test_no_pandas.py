@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.helpers import ROOT, run_diag
+from helpers import ROOT, run_diag
 
 # A sitecustomize (run at every interpreter's start, spawned workers' too) puts a finder first in
 # line that only reports and finds nothing; diag's guard, installed later, goes ahead of it, so
