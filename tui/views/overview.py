@@ -61,7 +61,7 @@ class Overview(View):
                                  classes="section")
                     yield Waterfall(id="ov-waterfall")
                 with Vertical(id="ov-right"):
-                    yield Static("[b]Top findings[/b] [dim]by what a fix wins · pts lost · MFU without it[/dim]", classes="section")
+                    yield Static("[b]Top findings[/b] [dim]by what a fix wins · pts lost · MFU once fixed[/dim]", classes="section")
                     yield DataTable(id="ov-findings", cursor_type="row", zebra_stripes=False)
             yield Static(id="ov-notes")
 
