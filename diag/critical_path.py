@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
-from diag import store
+from diag import kernels, store
 from diag.analysis import RunContext
 from diag.collectives import Matched
 from diag.digest import RankDigest
@@ -41,7 +42,8 @@ class Segment:
     kind: str          # KINDS
     start_ns: int      # aligned clock (clock_offsets)
     end_ns: int
-    what: str | None   # collective instance, 'dataloader' or 'launch' (host), else None
+    what: str | None   # collective instance, 'dataloader' or 'launch' (host), else the kernel or copy
+                       # that ran longest in it (None: none the step launched)
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,50 @@ def critical_paths(con: duckdb.DuckDBPyConnection, run: RunContext) -> list[Step
         for i, step in enumerate(r.steps.step):
             windows[step][r.file_id] = (int(r.steps.start_ns[i]) + off, int(r.steps.end_ns[i]) + off)
     # One step's runs at a time: memory holds the ranks one step's path visits, whatever the run's length.
-    return [StepPath(step, _merge(_walk(step, windows[step], joins, RunCache(con, files, offsets, step), files)))
-            for step in sorted(windows)]
+    paths = [StepPath(step, _merge(_walk(step, windows[step], joins, RunCache(con, files, offsets, step), files)))
+             for step in sorted(windows)]
+    return _named(con, paths, {step: {files[f].rank: f for f in w} for step, w in windows.items()}, offsets)
+
+
+# What each GPU segment of the path is named after: the activity of its kind, launched in the
+# segment's step, that ran longest in it. One join for every step (per step it cost ~8 ms a query).
+_NAMES = """
+    SELECT s.i, arg_max(a.name, least(a.end_ns, s.e) - greatest(a.ts_ns, s.s))
+    FROM path_segments s JOIN activities a
+      ON a.file_id = s.f AND a.step = s.step AND a.ts_ns < s.e AND a.end_ns > s.s
+     AND CASE s.kind WHEN 'comm' THEN a.kclass = 'comm'
+                     WHEN 'copy' THEN a.source <> 'kernel'
+                     ELSE a.source = 'kernel' AND a.kclass <> 'comm' END
+    GROUP BY s.i
+"""
+NAME_CHARS = 100
+
+
+def _named(con: duckdb.DuckDBPyConnection, paths: list[StepPath], file_of: dict[int, dict[int, int]],
+           offsets: dict[int, int]) -> list[StepPath]:
+    """Compute, copy and unnamed comm segments named after the kernel or copy that ran longest in
+    them (a segment is a merged run of its state: it may cover many), among the activities its
+    step launched."""
+    todo = [(k, j, p.step, s) for k, p in enumerate(paths) for j, s in enumerate(p.segments)
+            if s.what is None and s.kind in ("compute", "comm", "copy") and s.rank in file_of[p.step]]
+    if not todo:
+        return paths
+    own = [offsets.get(s.rank, 0) for _, _, _, s in todo]
+    con.register("path_segments", pa.table({
+        "i": range(len(todo)), "step": [step for _, _, step, _ in todo],
+        "f": [file_of[step][s.rank] for _, _, step, s in todo], "kind": [s.kind for *_, s in todo],
+        "s": [s.start_ns - o for (*_, s), o in zip(todo, own, strict=True)],
+        "e": [s.end_ns - o for (*_, s), o in zip(todo, own, strict=True)],
+    }))
+    try:
+        names = dict(con.execute(_NAMES).fetchall())
+    finally:
+        con.unregister("path_segments")
+    segs = [list(p.segments) for p in paths]
+    for i, name in names.items():
+        k, j, _, s = todo[i]
+        segs[k][j] = replace(s, what=kernels.head(name).strip()[:NAME_CHARS])
+    return [StepPath(p.step, v) for p, v in zip(paths, segs, strict=True)]
 
 
 def aligned_offsets(run: RunContext) -> dict[int, int]:

@@ -14,6 +14,7 @@ import pytest
 from helpers import shared_traces
 from test_cases import Run, run_case
 
+from diag import kernels
 from diag.api import analyze_path
 from diag.engine import AnalyzeOptions
 from diag.report import render_text
@@ -97,6 +98,34 @@ def test_the_store_keeps_every_segment(tmp_path: Path) -> None:
     for (_, n, length, lo, hi), p in zip(rows, report["critical_path"], strict=True):
         assert n == len(p["segments"]) + p["omitted"]["segments"] and (lo, hi) == (0, n - 1)
         assert length / 1000 == pytest.approx(p["summary"]["length_us"])
+
+
+def test_gpu_segments_are_named_after_what_ran_longest_in_them(tmp_path: Path) -> None:
+    """A compute, copy or comm segment's `what` is the kernel (or copy) of that kind the step
+    launched that overlaps it longest: checked by a sweep in Python over the store's activities."""
+    generate("straggler", tmp_path / "traces")
+    db = tmp_path / "run.duckdb"
+    analyze_path(str(tmp_path / "traces"), str(db), AnalyzeOptions(), warn=False)
+    with closing(duckdb.connect(str(db), read_only=True)) as con:
+        segs = con.execute("""
+            SELECT p.step, p.kind, p.start_ns - coalesce(o.offset_ns, 0), p.end_ns - coalesce(o.offset_ns, 0), p.what,
+                   f.file_id
+            FROM critical_path p JOIN trace_files f ON f.rank = p.rank
+            LEFT JOIN clock_offsets o ON o.rank = p.rank
+            WHERE p.kind IN ('compute', 'copy') OR (p.kind = 'comm' AND p.what NOT LIKE '%|%')""").fetchall()
+        acts = con.execute("SELECT file_id, step, source, kclass, name, ts_ns, end_ns FROM activities").fetchall()
+    assert segs
+    def fits(kind: str, source: str, kclass: str) -> bool:
+        return {"comm": kclass == "comm", "copy": source != "kernel"}.get(kind, source == "kernel" and kclass != "comm")
+
+    for step, kind, a, b, what, fid in segs:
+        overlap: dict[str, int] = {}
+        for f, st, source, kclass, name, ts, end in acts:
+            if f == fid and st == step and fits(kind, source, kclass) and ts < b and end > a:
+                overlap[name] = max(overlap.get(name, 0), min(end, b) - max(ts, a))
+        assert overlap, (step, kind)
+        best = max(overlap.values())
+        assert any(what == kernels.head(n).strip()[:100] and v == best for n, v in overlap.items()), (what, kind)
 
 
 def test_the_straggler_what_if_lands_on_the_run_without_it(tmp_path: Path,
