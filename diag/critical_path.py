@@ -111,12 +111,11 @@ def _named(con: duckdb.DuckDBPyConnection, paths: list[StepPath], file_of: dict[
             if s.what is None and s.kind in ("compute", "comm", "copy") and s.rank in file_of[p.step]]
     if not todo:
         return paths
-    own = [offsets.get(s.rank, 0) for _, _, _, s in todo]
-    con.register("path_segments", pa.table({
+    con.register("path_segments", pa.table({   # on each rank's own clock, as the activities are
         "i": range(len(todo)), "step": [step for _, _, step, _ in todo],
         "f": [file_of[step][s.rank] for _, _, step, s in todo], "kind": [s.kind for *_, s in todo],
-        "s": [s.start_ns - o for (*_, s), o in zip(todo, own, strict=True)],
-        "e": [s.end_ns - o for (*_, s), o in zip(todo, own, strict=True)],
+        "s": [s.start_ns - offsets.get(s.rank, 0) for *_, s in todo],
+        "e": [s.end_ns - offsets.get(s.rank, 0) for *_, s in todo],
     }))
     try:
         names = dict(con.execute(_NAMES).fetchall())

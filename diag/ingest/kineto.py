@@ -662,7 +662,7 @@ def _common(b: _Bucket, bad: Counter[str]) -> dict[str, Any]:
         "name": [e.name for e in evs],
         "ts_ns": _ns_array([e.ts for e in evs]),
         "dur_ns": _ns_array([e.dur or 0 for e in evs], bad),
-        "external_id": [a.external_id if (a := e.args).external_id is not None else a.external_id_2021 for e in evs],
+        "external_id": [_ext(e.args) for e in evs],
         "args": _texts(b.raws),
     }
 
