@@ -147,15 +147,15 @@ def analyze_and_use(path: str, db: str | None, opts: AnalyzeOptions, ingest_opts
                     warn: bool = True, progress: bool = False) -> T:
     """As analyze_path, with `use` called on the store while it is still open: outputs that read
     the store beside the report (the HTML page's top kernels, the Perfetto export)."""
-    # --executor ray: one Ray for the parse and the analysis map (the ingest joins it). The local
-    # executor maps in this process: on one machine the export to the workers costs what it saves.
+    # --executor ray: one Ray for the parse and the analysis map (the ingest joins it). Locally the
+    # map runs in this process, or in a pool for many small files (engine._map_pool).
     with make_executor("ray", ingest_opts.jobs) if ingest_opts.executor == "ray" else nullcontext() as executor, \
             terminal_progress() if progress else nullcontext(Bars(None)) as bars:
         opened = open_store(path, db, ingest_opts, bars.task("ingest"))
         try:
             a, report = analyze_opened(opened.con, opts, opened.model_file, len(opened.errors),
                                        executor=executor, spill_dir=ingest_opts.spill_dir,
-                                       progress=bars.task("ranks"))
+                                       progress=bars.task("ranks"), jobs=ingest_opts.jobs)
             used = use(opened.con, a, report)
         finally:
             opened.con.close()
@@ -168,15 +168,16 @@ def analyze_and_use(path: str, db: str | None, opts: AnalyzeOptions, ingest_opts
 def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_file: str | None = None,
                    unreadable: int = 0, cache: dict[int, RankDigest] | None = None,
                    executor: Executor[Any] | None = None, spill_dir: str | None = None,
-                   progress: Progress | None = None) -> tuple[Analysis, dict[str, Any]]:
+                   progress: Progress | None = None, jobs: int | None = None) -> tuple[Analysis, dict[str, Any]]:
     """Rebuild the analysis tables and the report (engine.analyze: readers on other cursors see
     the old run tables or the new ones, never a mix); the connection stays open. `cache`: see
     engine.analyze (kept by the caller across analyses of this store with the same options), as
-    `executor` and `spill_dir` (where the map runs), and `progress` (called per rank file mapped)."""
+    `executor`, `spill_dir` and `jobs` (where the map runs), and `progress` (called per rank file
+    mapped)."""
     if opts.model is None and model_file:
         opts = replace(opts, model=model_file)
     try:
-        a = analyze(con, opts, cache, executor, spill_dir, progress)
+        a = analyze(con, opts, cache, executor, spill_dir, progress, jobs)
     except BaseException:
         if cache is not None:
             cache.clear()   # whatever failed, the next analysis starts over: every file mapped again

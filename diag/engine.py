@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections import defaultdict
-from collections.abc import Generator
-from contextlib import closing
+from collections.abc import Generator, Iterator
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,13 +23,13 @@ from diag.critical_path import StepPath, critical_paths
 from diag.critical_path import write as write_critical_path
 from diag.digest import RankDigest, digest_rank
 from diag.errors import BadInput
-from diag.executor import Executor
+from diag.executor import Executor, LocalExecutor
 from diag.ingest.ranks import check_one_run, rank_notes
 from diag.ledger import StepLedger
 from diag.progress import Progress
 from diag.states import I64, StepStates, covered_ns, with_waits
 from diag.step_outliers import excluded_steps
-from diag.timeline import RankTimeline, load_rank, load_ranks, rank_files
+from diag.timeline import RankTimeline, load_ranks, rank_files
 from diag.what_if import retimed
 from rules import RULES
 from rules.base import Rule
@@ -57,14 +58,15 @@ WRITE_FILES = 64
 
 def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOptions(),
             cache: dict[int, RankDigest] | None = None, executor: Executor[Any] | None = None,
-            spill_dir: str | None = None, progress: Progress | None = None) -> Analysis:
+            spill_dir: str | None = None, progress: Progress | None = None, jobs: int | None = None) -> Analysis:
     """Map each trace file to its digest (writing its rows of rank_tables.sql), then reduce.
 
     `cache` (file_id → digest) carries the map step's work from one analysis of this store to the
     next with the same options: live mode re-maps only the files that are new. Empty or None: every
     file is mapped and the per-file tables are rebuilt. With an `executor`, the map runs there
-    (diag/rank_map.py: each file's rows go by Parquet under `spill_dir`); else in this process.
-    `progress` is called after each file mapped (diag/progress.py)."""
+    (diag/rank_map.py: each file's rows go by Parquet under `spill_dir`); else in this process,
+    or in a pool of `jobs` local workers (default: the cores) when the files are many and small
+    (_map_pool). `progress` is called after each file mapped (diag/progress.py)."""
     files = rank_files(con)
     if not files:
         raise BadInput(store.name(con), "no Kineto traces in the store: ingest some first")
@@ -78,33 +80,74 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     if not cache:
         with store.transaction(con):
             tables.reset_rank_tables(con)
+    todo = [f for f in files if f not in cache]
+    with _map_pool(con, todo, jobs) if executor is None else nullcontext(executor) as elsewhere:
+        mapped = rank_map.map_elsewhere(con, todo, opts.gpu, elsewhere, spill_dir) if elsewhere is not None else \
+            _one_by_one(map_ranks(con, todo, rules, gpu))
+        _write_mapped(con, len(todo), mapped, cache, progress)
+    # The run's tables change at once: a reader (the TUI) sees the old ones or the new.
+    with store.transaction(con):
+        return _reduce(con, [cache[f] for f in files], rules, spec, opts)
+
+
+# Many small files are mapped by a pool of local workers: a file's map costs a few ms whatever its
+# size (10,000 ranks of 20 kernels: 61 s in one process, issue 16), which more cores divide, while
+# the export to the workers goes by batches of files (rank_map.py). Big files stay in this process:
+# exporting one costs about what a second core saves, and twice the memory.
+POOL_FILES = 512
+POOL_MEAN_EVENTS = 20_000
+
+
+@contextmanager
+def _map_pool(con: duckdb.DuckDBPyConnection, todo: list[int], jobs: int | None) -> Iterator[Executor[Any] | None]:
+    workers = jobs or os.cpu_count() or 1
+    if workers < 2 or len(todo) < POOL_FILES or \
+            con.execute("SELECT avg(coalesce(n_events, 0)) FROM trace_files WHERE kind = 'kineto'").fetchall()[0][0] \
+            > POOL_MEAN_EVENTS:
+        yield None
+        return
+    with LocalExecutor(workers) as pool:
+        yield pool
+
+
+# What the map hands over: some files' digests, in order, and their rows (a dict of tables per
+# file from this process; one for a whole batch from a worker: rank_map.py).
+Mapped = Generator[tuple[list[RankDigest], list[dict[str, pa.Table]]], None, None]
+
+
+def _one_by_one(mapped: Generator[tuple[RankDigest, dict[str, pa.Table]], None, None]) -> Mapped:
+    with closing(mapped):
+        for digest, rows in mapped:
+            yield [digest], [rows]
+
+
+def _write_mapped(con: duckdb.DuckDBPyConnection, n_files: int, mapped: Mapped, cache: dict[int, RankDigest],
+                  progress: Progress | None) -> None:
+    """The map's rows into the store, its digests into `cache`."""
     # A transaction per store.FLUSH_BYTES of rows: DuckDB holds a transaction's new rows in
     # memory, and the activities of 128 ranks × 128 MB in one would take ~5 GB (docs/scale.md);
     # a big file's rows go alone, while small files' go together, WRITE_FILES at most, since each
     # INSERT costs ~2 ms and each transaction more, whatever its size (2,000 files of 20 kernels:
     # issue 16). Many small tables take several times their nbytes: 500 files at once peaked at
     # 205 MB against 115 MB one at a time.
-    todo = [f for f in files if f not in cache]
-    mapped = rank_map.map_elsewhere(con, todo, opts.gpu, executor, spill_dir) if executor is not None else \
-        map_ranks(con, todo, rules, gpu)
     # closing: a failure ends the map's reading thread and connection (or its calls elsewhere and
     # their exports) at once, not when the traceback is dropped.
     with closing(mapped):
-        batch: dict[int, tuple[RankDigest, dict[str, pa.Table]]] = {}
-        batch_bytes = 0
-        for i, (f, (digest, rows)) in enumerate(zip(todo, mapped, strict=True)):
-            batch[f] = digest, rows
-            batch_bytes += sum(store.arrow_bytes(t) for t in rows.values())
-            if i + 1 == len(todo) or batch_bytes >= store.FLUSH_BYTES or len(batch) >= WRITE_FILES:
+        digests: list[RankDigest] = []
+        rows: list[dict[str, pa.Table]] = []
+        done = nbytes = 0
+        for ds, rs in mapped:
+            digests += ds
+            rows += rs
+            nbytes += sum(store.arrow_bytes(t) for r in rs for t in r.values())
+            done += len(ds)
+            if done == n_files or nbytes >= store.FLUSH_BYTES or len(digests) >= WRITE_FILES:
                 with store.transaction(con):
-                    tables.insert_rank_rows(con, [r for _, r in batch.values()])
-                cache.update((f, d) for f, (d, _) in batch.items())   # only what is in the store
-                batch, batch_bytes = {}, 0
+                    tables.insert_rank_rows(con, rows)
+                cache.update((d.file_id, d) for d in digests)   # only what is in the store
+                digests, rows, nbytes = [], [], 0
             if progress:
-                progress(i + 1, len(todo), f"rank {digest.rank}")
-    # The run's tables change at once: a reader (the TUI) sees the old ones or the new.
-    with store.transaction(con):
-        return _reduce(con, [cache[f] for f in files], rules, spec, opts)
+                progress(done, n_files, f"rank {ds[-1].rank}")
 
 
 def gpu_part(key: str | None) -> hardware.Part | None:
@@ -118,19 +161,12 @@ def gpu_part(key: str | None) -> hardware.Part | None:
 
 def map_ranks(con: duckdb.DuckDBPyConnection, files: list[int], rules: list[Rule[Any]],
               gpu: hardware.Part | None) -> Generator[tuple[RankDigest, dict[str, pa.Table]], None, None]:
-    """map_rank of each file, in order, in this process: the next file's rows are read while this
-    one is mapped (timeline.load_ranks)."""
+    """Each file's digest and its rows of the per-file tables, in order, in this process: the next
+    file's rows are read while this one is mapped (timeline.load_ranks)."""
     for tl in load_ranks(con, files):
         mapped = _map_timeline(con, tl, rules, gpu)
         del tl   # one timeline at a time: this one goes before the next is built
         yield mapped
-
-
-def map_rank(con: duckdb.DuckDBPyConnection, file_id: int, rules: list[Rule[Any]],
-             gpu: hardware.Part | None) -> tuple[RankDigest, dict[str, pa.Table]]:
-    """One file's timeline, reduced to its digest and its rows of the per-file tables; the
-    timeline itself is dropped on return."""
-    return _map_timeline(con, load_rank(con, file_id), rules, gpu)
 
 
 def _map_timeline(con: duckdb.DuckDBPyConnection, tl: RankTimeline, rules: list[Rule[Any]],

@@ -102,8 +102,11 @@ PATTERNS, DTYPE_PATTERNS = _load()
 _MATMUL = (KernelClass.GEMM, KernelClass.ATTENTION)
 
 
+@lru_cache(maxsize=8192)
 def head(name: str) -> str:
-    """`void ns::f<T, g(int)>(Args...)` -> `ns::f<T, g(int)>`: drop `void ` and the parameter list."""
+    """`void ns::f<T, g(int)>(Args...)` -> `ns::f<T, g(int)>`: drop `void ` and the parameter list.
+    Cached: a run repeats a few hundred names, and the walk over a 300-character template name
+    costs ~17 µs (12k critical-path segments of the control trace spent 0.2 s here)."""
     text = name.strip().replace("(anonymous namespace)", "anonymous_namespace")
     if text.startswith("void "):
         text = text[5:]

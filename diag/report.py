@@ -27,11 +27,13 @@ def build_report(a: Analysis) -> dict[str, Any]:
     lgs = run.ledgers
     by_rank: dict[int, list[dict[str, float]]] = defaultdict(list)
     by_step: dict[int, list[dict[str, float]]] = defaultdict(list)
+    rank_windows: dict[int, list[float]] = defaultdict(list)
     for lg in lgs:
         by_rank[lg.rank].append(lg.fractions())
         by_step[lg.step].append(lg.fractions())
+        rank_windows[lg.rank].append(lg.window_s)
     windows = [lg.window_s for lg in lgs]
-    rank_time = {r: statistics.fmean(lg.window_s for lg in lgs if lg.rank == r) for r in by_rank}
+    rank_time = {r: statistics.fmean(w) for r, w in rank_windows.items()}
     worst = min(by_rank, key=lambda r: (_mean(by_rank[r])["model_compute"], -rank_time[r])) if by_rank else None
     return {
         "schema": SCHEMA,

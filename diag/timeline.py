@@ -156,12 +156,15 @@ def read_rank(con: duckdb.DuckDBPyConnection, file_id: int) -> RankRows:
 READ_EVENTS = 100_000
 
 
-def _read_batches(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[list[int]]:
+def read_batches(con: duckdb.DuckDBPyConnection, files: Sequence[int],
+                 max_files: int | None = None) -> list[list[int]]:
+    """`files` in order, cut into runs of at most READ_EVENTS events (a bigger file alone) and at
+    most `max_files` files."""
     sizes = dict(con.execute("SELECT file_id, coalesce(n_events, 0) FROM trace_files").fetchall())
     batches: list[list[int]] = []
-    total = READ_EVENTS
+    total = 0
     for f in files:
-        if total + sizes.get(f, 0) > READ_EVENTS:
+        if not batches or total + sizes.get(f, 0) > READ_EVENTS or len(batches[-1]) == max_files:
             batches.append([])
             total = 0
         batches[-1].append(f)
@@ -182,7 +185,7 @@ def load_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> Generato
     cur = con.cursor()   # a connection of its own: one connection is not for two threads at once
     try:
         cur.execute("SET enable_progress_bar = false")   # per connection, as store.connect sets it
-        batches = _read_batches(cur, files)
+        batches = read_batches(cur, files)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-read") as pool:
             ahead = pool.submit(read_ranks, cur, batches[0])
             for nxt in [*batches[1:], None]:

@@ -1,6 +1,7 @@
 """Timelines read ahead (timeline.load_ranks, which analyze maps through engine.map_ranks): the
-same timelines, digests and rows as one file at a time, in order; the second connection and the
-reading thread end with the iteration, also when it is left early."""
+same timelines as one file at a time, in order, and the same digests and rows as the local pool's
+map; the second connection and the reading thread end with the iteration, also when it is left
+early."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from diag import store
-from diag.engine import map_rank, map_ranks
+from diag import rank_map, store
+from diag.engine import map_ranks
+from diag.executor import LocalExecutor
 from diag.ingest.pipeline import IngestOptions, ingest
+from diag.rank_map import map_elsewhere
+from diag.tables import combined
 from diag.timeline import load_rank, load_ranks, rank_files
 from fixtures.generate import generate
 from rules import RULES
@@ -59,15 +63,25 @@ def test_read_ahead_gives_the_timelines_of_one_file_at_a_time(con: Any) -> None:
     assert "kernel" in ahead[0].source and ahead[0].kclass.dtype == object
 
 
-def test_map_ranks_equals_map_rank(con: Any) -> None:
+def test_pool_map_equals_map_in_process(con: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local pool's map (rank_map: batches exported to Parquet, mapped in spawned workers)
+    gives each file the digest and rows this process gives it, in order across batches."""
     rules = [r() for r in RULES]
     files = rank_files(con)
-    for f, (digest, rows) in zip(files, map_ranks(con, files, rules, None), strict=True):
-        one_digest, one_rows = map_rank(con, f, rules, None)
-        assert pickle.dumps(digest) == pickle.dumps(one_digest)
-        assert rows.keys() == one_rows.keys()
-        for table, data in rows.items():
-            assert data.equals(one_rows[table]), table
+    monkeypatch.setattr(rank_map, "BATCH_FILES", 3)   # 4 files: batches of 3 and 1
+    with LocalExecutor(2) as pool:
+        batches = list(map_elsewhere(con, files, None, pool, None))
+    assert [len(digests) for digests, _ in batches] == [3, 1]
+    here = list(map_ranks(con, files, rules, None))
+    there = [d for digests, _ in batches for d in digests]
+    for f, (digest, _), one in zip(files, here, there, strict=True):
+        assert digest.file_id == one.file_id == f
+        assert pickle.dumps(pickle.loads(pickle.dumps(digest))) == pickle.dumps(one)   # as sent back
+    rows_here = combined([rows for _, rows in here])
+    rows_there = combined([rows for _, batch in batches for rows in batch])
+    assert rows_here.keys() == rows_there.keys()
+    for table, data in rows_here.items():
+        assert data.equals(rows_there[table]), table
 
 
 def test_leaving_early_ends_the_reading_thread(con: Any) -> None:
