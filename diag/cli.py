@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from diag import __version__, commands
+from diag.arrow_memory import use_system_allocator
 from diag.capture import add_capture_arguments, run_capture_command
 from diag.errors import BadInput, ExitCode
 from diag.example import add_example_arguments, run_example_command
@@ -203,9 +204,12 @@ def build_parser() -> DiagParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The `diag` command; `argv` None means this process is the command (the console script,
     `python -m diag.cli`), which then runs without pandas (diag/no_pandas.py: 0.16–0.3 s of each
-    run's CPU), unless on Ray, which has uses of its own for it. Called with a list, as from a
-    program or a test, it leaves that program's imports alone."""
+    run's CPU), unless on Ray, which has uses of its own for it, and with Arrow's memory from the
+    system allocator (diag/arrow_memory.py). Called with a list, as from a program or a test, it
+    leaves that program's imports and allocator alone."""
     args = build_parser().parse_args(argv)
+    if argv is None:
+        use_system_allocator()
     if argv is None and getattr(args, "executor", "local") != "ray":
         keep_pandas_out()
     try:

@@ -134,10 +134,16 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 # ~4 MB of JSON is ~12k events: large enough that per-chunk costs vanish, small enough that the
 # Python objects of one chunk stay a few tens of MB.
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
-# Events of this much JSON or more are parsed in two halves at once (a forked child takes the
-# second): parsing is ~70% of ingesting a 307 MB trace. Below it, the fork and the second set of
-# chunk objects (~60 MB more peak) buy little (~0.3 s on the 35 MB control trace).
-SPLIT_BYTES = 64 * 1024 * 1024
+# Events of this much JSON or more are parsed in two parts at once (a forked child takes the
+# second, PARENT_SHARE below): parsing is ~70% of ingesting a 307 MB trace, and half of `diag analyze` of the 35 MB
+# control trace, which it takes from 1.67 s to 1.54 s (medians of 9, interleaved) at the same peak
+# of the process tree (282 MB; the child shares the parent's pages). Smaller ones are read whole:
+# the fork and reading the child's tables back cost the same whatever the part's size.
+SPLIT_BYTES = 16 * 1024 * 1024
+# The first part's share of the events: this process also writes its part's rows to the store as
+# it parses, so the forked child takes the larger part. `diag ingest` of the 307 MB trace, medians
+# of 5 interleaved: 6.2 s at 0.5, 5.6–5.8 s at 0.42, 6.5 s at 0.35.
+PARENT_SHARE = 0.42
 
 _KERNEL_CATS = frozenset({"kernel", "Kernel"})
 _MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
@@ -210,7 +216,7 @@ def read_kineto(
     One C pass validates the whole document and finds the events array (left as raw text); then
     each chunk of about `chunk_bytes` is decoded and tabulated, so memory holds one chunk of
     Python objects whatever the file's size. `release(start, end)` is told when a byte range of
-    `data` is done with (memory-mapped files drop those pages). With `split`, the second half of a
+    `data` is done with (memory-mapped files drop those pages). With `split`, the second part of a
     file of SPLIT_BYTES or more is parsed at the same time in a forked child (diag/ingest/forked.py).
     With `rank_map` (a merged file), every table gets a `rank` column and each event its original pid.
     """
@@ -240,7 +246,7 @@ def _chunks(
     if split and end - pos >= SPLIT_BYTES and rank_map is None:
         from diag.ingest.forked import SecondHalf
 
-        stop, start = _cut(mv, pos, end, (end - pos) // 2)
+        stop, start = _cut(mv, pos, end, int((end - pos) * PARENT_SHARE))
         try:
             half = SecondHalf(lambda inf, b: _second_half(path, inf, mv, pos, start, end, chunk_bytes, release, b))
         except OSError:   # no second process to be had (memory, a process limit): one reads it all
