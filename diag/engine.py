@@ -26,6 +26,7 @@ from diag.errors import BadInput
 from diag.executor import Executor, LocalExecutor
 from diag.ingest.ranks import check_one_run, rank_notes
 from diag.ledger import StepLedger
+from diag.lifetime import run_dir
 from diag.progress import Progress
 from diag.states import I64, StepStates, covered_ns, with_waits
 from diag.step_outliers import excluded_steps
@@ -81,8 +82,9 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
         with store.transaction(con):
             tables.reset_rank_tables(con)
     todo = [f for f in files if f not in cache]
-    with _map_pool(con, todo, jobs) if executor is None else nullcontext(executor) as elsewhere:
-        mapped = rank_map.map_elsewhere(con, todo, opts.gpu, elsewhere, spill_dir) if elsewhere is not None else \
+    with _map_pool(con, todo, jobs, spill_dir) if executor is None else nullcontext((executor, spill_dir)) as (
+            elsewhere, spill):
+        mapped = rank_map.map_elsewhere(con, todo, opts.gpu, elsewhere, spill) if elsewhere is not None else \
             _one_by_one(map_ranks(con, todo, rules, gpu))
         _write_mapped(con, len(todo), mapped, cache, progress)
     # The run's tables change at once: a reader (the TUI) sees the old ones or the new.
@@ -99,15 +101,18 @@ POOL_MEAN_EVENTS = 20_000
 
 
 @contextmanager
-def _map_pool(con: duckdb.DuckDBPyConnection, todo: list[int], jobs: int | None) -> Iterator[Executor[Any] | None]:
+def _map_pool(con: duckdb.DuckDBPyConnection, todo: list[int], jobs: int | None,
+              spill_dir: str | None) -> Iterator[tuple[Executor[Any] | None, str | None]]:
+    """The pool and where its exports go (a run directory: a killed run's are swept, diag/lifetime.py),
+    or (None, None): map here."""
     workers = jobs or os.cpu_count() or 1
     if workers < 2 or len(todo) < POOL_FILES or \
             con.execute("SELECT avg(coalesce(n_events, 0)) FROM trace_files WHERE kind = 'kineto'").fetchall()[0][0] \
             > POOL_MEAN_EVENTS:
-        yield None
+        yield None, None
         return
-    with LocalExecutor(workers) as pool:
-        yield pool
+    with run_dir(spill_dir) as scratch, LocalExecutor(workers) as pool:
+        yield pool, scratch
 
 
 # What the map hands over: some files' digests, in order, and their rows (a dict of tables per

@@ -1,6 +1,7 @@
-"""A killed `diag ingest` leaves no process and, after the next run at the latest, no temporary
-file (issue 15, item 6). The real CLI runs in a subprocess with its own temporary directory; it is
-signalled once its helpers (parse workers, a forked half-parser) are up, mid-work."""
+"""A killed `diag ingest` or `diag analyze` leaves no process and, after the next run at the
+latest, no temporary file (issue 15, item 6). The real CLI runs in a subprocess with its own
+temporary directory; it is signalled once its helpers (parse workers, a forked half-parser, the
+map's pool) are up, mid-work."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from fixtures.generate import generate
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux")
 
-# The real CLI, with a file's split (its second half parsed in a forked child) from 64 kB, not 64 MiB.
-_CLI = "import sys; from diag.ingest import kineto; kineto.SPLIT_BYTES = 1 << 16; from diag.cli import main; " \
-       "sys.exit(main(sys.argv[1:]))"
+# The real CLI, with a file's split (its second part parsed in a forked child) from 64 kB, not
+# 16 MiB, and the analysis map's pool (engine._map_pool) from 2 files, not 512, one file a call.
+_CLI = "import sys; from diag import engine, rank_map; from diag.ingest import kineto; " \
+       "kineto.SPLIT_BYTES = 1 << 16; engine.POOL_FILES = 2; rank_map.BATCH_FILES = 1; " \
+       "from diag.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +66,16 @@ def leftovers(tmp: Path) -> list[str]:
     return sorted(p.name for p in tmp.iterdir() if p.name.startswith("diag-"))
 
 
-def start_and_signal(traces: Path, tmp_path: Path, sig: int, jobs: str | None, helpers: int) -> tuple[set[int], Path]:
-    """Start `diag ingest`, wait for `helpers` processes below it, send `sig`; the helpers seen."""
+def start_and_signal(traces: Path, tmp_path: Path, sig: int, jobs: str | None, helpers: int,
+                     command: str = "ingest") -> tuple[set[int], Path]:
+    """Start `diag COMMAND` (ingest into a new store, or analyze of `traces`), wait for `helpers`
+    processes below it and a directory of its run, send `sig`; the helpers seen."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp))
-    args = ["ingest", str(traces), "--db", str(tmp_path / "x.duckdb"), *(["--jobs", jobs] if jobs else [])]
+    args = ["ingest", str(traces), "--db", str(tmp_path / "x.duckdb")] if command == "ingest" else \
+        ["analyze", str(traces), "--format", "json"]
+    args += ["--jobs", jobs] if jobs else []
     proc = subprocess.Popen([sys.executable, "-c", _CLI, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen: set[int] = set()
     deadline = time.monotonic() + 120
@@ -77,7 +84,7 @@ def start_and_signal(traces: Path, tmp_path: Path, sig: int, jobs: str | None, h
         if len(seen) >= helpers and any(tmp.glob("diag-run-*/diag-*")):
             break
         time.sleep(0.02)
-    assert proc.poll() is None, f"ingest ended before it could be interrupted: {proc.stderr.read() if proc.stderr else ''}"
+    assert proc.poll() is None, f"{command} ended before it could be interrupted: {proc.stderr.read() if proc.stderr else ''}"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert "Traceback" not in err, err
@@ -110,6 +117,20 @@ def test_a_split_files_child_ends_with_a_killed_ingest(traces: Path, tmp_path: P
         pytest.skip("a file is split only where there are two cores")
     seen, tmp = start_and_signal(traces / "rank-1.json", tmp_path, signal.SIGKILL, None, helpers=1)
     assert not gone(seen)
+    env = {"TMPDIR": str(tmp)}
+    assert run_diag("ingest", str(traces / "rank-0.json"), "--db", str(tmp_path / "y.duckdb"), env=env).returncode == 0
+    assert leftovers(tmp) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_map_pool_ends_with_a_killed_analyze(traces: Path, tmp_path: Path, sig: int) -> None:
+    # A store's analysis on two spawned workers, its files exported one per call under the run's directory.
+    db = tmp_path / "store.duckdb"
+    assert run_diag("ingest", str(traces), "--db", str(db)).returncode == 0
+    seen, tmp = start_and_signal(db, tmp_path, sig, "2", helpers=2, command="analyze")
+    assert not gone(seen), f"still running after {signal.Signals(sig).name}: {sorted(alive(seen))}"
+    if sig != signal.SIGKILL:
+        assert leftovers(tmp) == []
     env = {"TMPDIR": str(tmp)}
     assert run_diag("ingest", str(traces / "rank-0.json"), "--db", str(tmp_path / "y.duckdb"), env=env).returncode == 0
     assert leftovers(tmp) == []
