@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Generator
 from contextlib import closing
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import duckdb
 import numpy as np
@@ -344,7 +344,8 @@ def ingest(
     opts: IngestOptions = IngestOptions(),
     progress: Callable[[int, int, str], None] | None = None,
 ) -> IngestResult:
-    files, explicit = discover(paths)
+    files, named = discover(paths)
+    explicit = frozenset(named)   # looked up per file: 10,000 files named on the command line
     if opts.rank is not None and len(files) > 1:
         raise BadInput(paths[0], "--rank names the rank of one file; it was given with several")
     known = frozenset(store.known_hashes(con))
@@ -398,7 +399,7 @@ Outcome = tuple[list[int], list[str]] | Skipped | BadInput   # (file ids: one pe
 
 def _in_process(
     files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
-    explicit: list[str], seen: dict[str, str], before: dict[str, Prior],
+    explicit: frozenset[str], seen: dict[str, str], before: dict[str, Prior],
 ) -> Generator[tuple[str, Outcome], None, None]:
     # One file at a time here, so a big one may take both halves of a two-core machine (--jobs 1: not).
     split = hasattr(os, "fork") and (opts.jobs or os.cpu_count() or 1) > 1
@@ -449,7 +450,7 @@ POOL_FILES = 512
 _POOL_BATCH = 128
 
 
-def _parse_ahead(paths: list[str], known: frozenset[str], opts: IngestOptions, explicit: list[str],
+def _parse_ahead(paths: list[str], known: frozenset[str], opts: IngestOptions, explicit: frozenset[str],
                  split: bool) -> Generator[_Held | Skipped | BadInput | None, None, None]:
     """_parse_small of each path, in order: here, each when it is asked for, or in a pool."""
     workers = opts.jobs or os.cpu_count() or 1
@@ -485,10 +486,8 @@ def _unpacked(parsed: list[_Held | Skipped | BadInput | None],
     for name, table in tables.items():
         bounds = np.searchsorted(table.column("_i").to_numpy(), np.arange(len(parsed) + 1))
         rows = table.drop_columns(["_i"])
-        for i, h in enumerate(parsed):
-            if bounds[i + 1] > bounds[i]:
-                assert isinstance(h, _Held)
-                h.tables[name] = [rows.slice(bounds[i], bounds[i + 1] - bounds[i])]
+        for i in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():   # the held files with rows of this table
+            cast(_Held, parsed[i]).tables[name] = [rows.slice(bounds[i], bounds[i + 1] - bounds[i])]
     return parsed
 
 
@@ -566,7 +565,7 @@ class _Windows:
 
 def _in_workers(
     files: list[str], con: duckdb.DuckDBPyConnection, known: frozenset[str], opts: IngestOptions,
-    explicit: list[str], seen: dict[str, str], jobs: int, before: dict[str, Prior],
+    explicit: frozenset[str], seen: dict[str, str], jobs: int, before: dict[str, Prior],
 ) -> Generator[tuple[str, Outcome], None, None]:
     """Parse on `jobs` workers of `opts.executor` (Ray: the cluster's CPUs unless --jobs says),
     at most two files per worker in flight (bounded spill)."""
