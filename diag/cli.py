@@ -53,7 +53,8 @@ def add_ingest_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank", type=non_negative_int, default=None,
                    help="rank of a single file whose trace and name carry none")
     p.add_argument("--jobs", type=positive_int, default=None,
-                   help="parallel parse workers, ≥ 1 (default: one per core; with --executor ray, the cluster's CPUs)")
+                   help="parallel workers, ≥ 1, for the parse and, with many small files, the analysis map "
+                        "(default: one per core; with --executor ray, the cluster's CPUs)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where parse workers run: local processes, or Ray tasks on the cluster RAY_ADDRESS names "
                         "(else a local Ray); with ray, analyze maps each rank's timeline on Ray too")

@@ -4,9 +4,10 @@ DuckDB lets no other process open a store while one writes it, so a worker canno
 parent's store. The parent exports a batch of files' rows to Parquet (under the spill directory:
 shared storage for Ray on several machines, as for the ingest), the worker loads them into a
 private in-memory store, maps them exactly as the parent would (engine.map_ranks) and returns
-each file's digest (kB) and per-file rows (Arrow); the parent inserts those and deletes the
-export. Small files go in batches (timeline.read_batches, at most BATCH_FILES): a COPY and a
-worker call cost milliseconds each, more than a rank of 20 kernels takes to map (issue 16).
+each file's digest (kB) and the batch's per-file rows, one Arrow table each (tables.combined); the
+parent inserts those and deletes the export. Small files go in batches (timeline.read_batches, at
+most BATCH_FILES): a COPY and a worker call cost milliseconds each, more than a rank of 20
+kernels takes to map (issue 16).
 """
 
 from __future__ import annotations
@@ -52,11 +53,9 @@ def map_elsewhere(con: duckdb.DuckDBPyConnection, files: list[int], gpu: str | N
 def _export(con: duckdb.DuckDBPyConnection, files: list[int], root: Path) -> Path:
     out = root / str(files[0])
     out.mkdir()
-    # BETWEEN lets DuckDB skip the row groups of other files (rows go in by file): IN alone scans
-    # each table whole, for every batch.
-    where = f"file_id BETWEEN {min(files)} AND {max(files)} AND file_id IN ({', '.join(str(int(f)) for f in files)})"
+    ids = ", ".join(str(int(f)) for f in files)
     for table in SOURCE_TABLES:
-        con.execute(f"COPY (SELECT * FROM {table} WHERE {where}) TO '{out / table}.parquet' (FORMAT parquet)")
+        con.execute(f"COPY (SELECT * FROM {table} WHERE file_id IN ({ids})) TO '{out / table}.parquet' (FORMAT parquet)")
     return out
 
 
