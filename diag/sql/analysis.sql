@@ -92,5 +92,6 @@ CREATE OR REPLACE TABLE critical_path (
     kind      VARCHAR,     -- compute | comm | wait | copy | idle | host
     start_ns  BIGINT,      -- aligned (+ clock_offsets.offset_ns)
     end_ns    BIGINT,
-    what      VARCHAR      -- collective instance (comm, wait), 'dataloader' | 'launch' (host), else NULL
+    what      VARCHAR      -- collective instance (comm, wait), 'dataloader' | 'launch' (host), else the kernel or
+                           -- copy that ran longest in it (NULL: none its step launched)
 );
