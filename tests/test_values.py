@@ -104,6 +104,52 @@ def test_negative_durations_are_kept_as_zero_and_counted(tmp_path: Path) -> None
     assert "values: 2 events had a negative duration; kept with duration 0" in warnings
 
 
+def test_each_row_keeps_its_own_event_s_values_and_raw_args_whatever_the_mix_of_kinds(tmp_path: Path) -> None:
+    """A chunk's events are grouped by destination table before their columns are built
+    (kineto._Chunk): every value and every raw args text must stay with its own event."""
+    raw_args = ['{"External id": 1, "note": "é \\u00e9"}', '{ "correlation" : 7 }', None, '{"External id": 3}', "{}"]
+    cats = ["cpu_op", "cuda_runtime", "ac2g", "kernel", "cpu_op"]
+    events = []
+    for i in range(40):   # the five kinds interleaved, eight times
+        k = i % 5
+        e: dict[str, Any] = {"ph": "s" if cats[k] == "ac2g" else "X", "cat": cats[k], "name": f"ev{i}", "pid": 1,
+                             "tid": 2, "ts": 100 + i, "dur": 1 + i / 1000}
+        if cats[k] == "ac2g":
+            e["id"], e["dur"] = i, -5           # a flow's duration is read by nothing: not counted
+        if cats[k] == "kernel":
+            e["pid"], e["tid"] = 0, 7
+        if raw_args[k] is not None:
+            e["args"] = "@ARGS@"
+        events.append(e)
+    events[4].pop("tid")                         # a host span without tid goes to other_events
+    events[9].pop("ts")                          # and so does a complete event without a start
+    text = json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events})
+    for k in range(40):
+        if (raw := raw_args[k % 5]) is not None:
+            text = text.replace('"@ARGS@"', raw, 1)
+    f = tmp_path / "rank-0.json"
+    f.write_text(text, encoding="utf-8")
+    info, chunks = read_kineto(str(f), f.read_bytes())
+    tables = [t for t in chunks]
+    assert len(tables) == 1 and not any("negative" in w for w in info.warnings)
+    t = tables[0]
+    rows = {name: t[name].to_pylist() for name in ("cpu_ops", "runtime_calls", "flows", "kernels", "other_events")}
+    expect_args = {i: None if (raw := raw_args[i % 5]) is None else raw.encode() for i in range(40)}
+    by_table = {"cpu_ops": [i for i in range(40) if i % 5 in (0, 4) and i not in (4, 9)],
+                "runtime_calls": [i for i in range(40) if i % 5 == 1], "flows": [i for i in range(40) if i % 5 == 2],
+                "kernels": [i for i in range(40) if i % 5 == 3], "other_events": [4, 9]}
+    for name, ids in by_table.items():
+        assert [r["name"] for r in rows[name]] == [f"ev{i}" for i in ids], name
+        assert [r["args"] for r in rows[name]] == [expect_args[i] for i in ids], name
+        if name != "other_events":
+            assert [r["ts_ns"] for r in rows[name]] == [(100 + i) * 1000 for i in ids], name
+    assert [r["dur_ns"] for r in rows["cpu_ops"]] == [1000 + i for i in by_table["cpu_ops"]]
+    assert [r["ts_ns"] for r in rows["other_events"]] == [104_000, None]
+    assert [r["correlation"] for r in rows["runtime_calls"]] == [7] * 8
+    assert [(r["device"], r["stream"]) for r in rows["kernels"]] == [(0, 7)] * 8
+    assert [r["flow_id"] for r in rows["flows"]] == [str(i) for i in by_table["flows"]]
+
+
 @pytest.mark.parametrize(("head", "said"), [
     ({"baseTimeNanoseconds": 10**23}, "baseTimeNanoseconds"),
     ({"schemaVersion": 2**40}, "schemaVersion"),

@@ -3,8 +3,8 @@ the first: one file's parse on two cores.
 
 The child inherits the file's bytes (copy-on-write, or the same pages of the memory map), parses
 its half and writes each table as an Arrow IPC stream into a private temporary folder; this
-process, done with its own half, reads them back a batch at a time, in order, so memory holds a
-batch rather than a half. The child touches no database and leaves only through os._exit, so
+process, done with its own half, maps them back a table at a time, in order (memory holds the
+mapped pages of one table's part rather than a half's Python objects). The child touches no database and leaves only through os._exit, so
 nothing of the parent's (DuckDB's connection, its threads) runs twice.
 
 If the child fails in any way, this process parses the second half itself: the same events, the
@@ -86,9 +86,11 @@ class SecondHalf:
         info.add_counts(out["info"])
         bad.update(out["bad"])
         for name in out["tables"]:
-            with pa.OSFile(self._stream(name)) as f:
-                for batch in pa.ipc.open_stream(f):
-                    yield {name: pa.Table.from_batches([batch])}
+            # A table's whole part at once, mapped rather than read (no copy): the store then
+            # inserts it in one statement, not a batch at a time. Inserting the second half of the
+            # 307 MB trace one 16 MB flush at a time took 0.45 s of INSERTs, at once 0.30 s.
+            with pa.memory_map(self._stream(name)) as f:
+                yield {name: pa.ipc.open_stream(f).read_all()}
 
     def __enter__(self) -> SecondHalf:
         return self
