@@ -12,6 +12,19 @@ from diag.analysis import Finding, RankContext, RunContext, severity
 from diag.timeline import numpy_of
 from rules.base import Rule
 
+# Launch calls a rank's digest keeps for the median CPU time per launch: all of them up to this
+# many, else this many spread evenly over the capture.
+LAUNCH_SAMPLE = 5000
+
+
+def _spread(values: np.ndarray, n: int) -> np.ndarray:
+    """`values`, or `n` of them evenly spaced from first to last. The first `n` would describe only
+    the start of the capture: param's resnet trace read 7.0 µs per launch that way, against the
+    9 µs median of all its 10,113 launches."""
+    if len(values) <= n:
+        return values
+    return values[np.linspace(0, len(values) - 1, n).round().astype(np.int64)]
+
 
 @dataclass(frozen=True)
 class Params:
@@ -110,7 +123,7 @@ class HostBound(Rule[Params]):
         le = numpy_of(tl.acts.column("launch_end").fill_null(-1), np.int64)
         lt = numpy_of(tl.acts.column("launch_ts").fill_null(-1), np.int64)
         ok = in_step & (le >= 0) & (lt >= 0)
-        d.launch_us = ((le[ok] - lt[ok]) / 1000).tolist()[:5000]
+        d.launch_us = _spread((le[ok] - lt[ok]) / 1000, LAUNCH_SAMPLE).tolist()
         step_starts = np.asarray(tl.steps.cpu_start_ns, np.int64)
         d.between_steps_us = ((step_starts[1:] - step_ends[:-1]) / 1000).tolist()
         d.steps = len(tl.steps.step)

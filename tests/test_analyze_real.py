@@ -150,3 +150,16 @@ def test_a_capture_with_no_matmul_says_so() -> None:
     report = json.loads(r.stdout)
     assert report["mfu"] is None
     assert any("no GEMM or attention kernel ran, so model FLOPs and MFU are unknown" in n for n in report["notes"])
+
+
+def test_cpu_per_launch_is_the_median_over_the_whole_capture() -> None:
+    """MFU010's "µs CPU per launch" is the median duration of the launch calls of GPU work (all of
+    them up to 5,000 a rank, else 5,000 spread over the capture): derived here from the JSON."""
+    src = shared_traces() / "param/et_replay/tests/inputs/resnet_kineto.json.gz"
+    events = json.loads(gzip.decompress(src.read_bytes()))["traceEvents"]
+    gpu = {e["args"]["correlation"] for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}
+    launches = sorted(e["dur"] for e in events if e.get("cat") == "cuda_runtime" and e["args"]["correlation"] in gpu)
+    _, report = analyze_path(str(src), None, ingest_opts=IngestOptions(jobs=1), warn=False)
+    d = next(f for f in report["findings"] if f["code"] == "MFU010")["details"]
+    assert len(launches) == 10113 and launches[len(launches) // 2] == 9
+    assert d["cpu_us_per_launch"] == 9      # the first 5,000 alone read 7.0

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from operator import itemgetter
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -572,8 +572,6 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("args", BIN),
     ),
 }
-_EMPTY_TABLES = {name: schema.empty_table() for name, schema in SCHEMAS.items()}
-_NO_TEXTS = pa.array([], BIN)
 # The tables that hold events (collective_args is derived from them, not counted).
 EVENT_TABLES = ("cpu_ops", "gpu_annotations", "runtime_calls", "kernels", "copies", "flows", "other_events")
 
@@ -612,7 +610,6 @@ def _lenient_args(raw: msgspec.Raw) -> _Args:
 # Where each event goes, as a small integer per event: the order of _KINDS.
 _KINDS = ("kernels", "memcpy", "memset", "gpu_ann", "runtime", "cpu", "flows", "other")
 KERNELS, MEMCPY, MEMSET, GPU_ANN, RUNTIME, CPU, FLOWS, OTHER = range(len(_KINDS))
-_HOST_KINDS = (RUNTIME, CPU)
 
 
 class _CompleteKinds(dict[str | None, int]):
@@ -670,7 +667,7 @@ def _raw_column(raws: Sequence[msgspec.Raw]) -> pa.Array:
     0.10 s)."""
     n = len(raws)
     if not n:
-        return _NO_TEXTS
+        return pa.array([], BIN)
     lengths = np.fromiter(map(len, raws), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -768,8 +765,15 @@ def _host_columns(chunk: _Chunk, kind: int) -> tuple[list[_Event], dict[str, Any
 def _table(name: str, bad: Counter[str], cols: dict[str, Any]) -> pa.Table:
     schema = SCHEMAS[name]
     if not len(cols[schema[0].name]):
-        return _EMPTY_TABLES[name]   # most of a small file's tables: ~40 µs each to build
+        return _empty_table(name)   # most of a small file's tables: ~40 µs each to build
     return pa.table({f.name: _column(cols[f.name], f.type, bad) for f in schema}, schema=schema)
+
+
+@cache
+def _empty_table(name: str) -> pa.Table:
+    """Built on first use, not at import: an Arrow array built before `diag` keeps pandas out
+    (diag/no_pandas.py) would import pandas."""
+    return SCHEMAS[name].empty_table()
 
 
 _INT_RANGES = {I64: (-(2**63), 2**63 - 1), I32: (-(2**31), 2**31 - 1)}
