@@ -455,7 +455,7 @@ def _arrow_ns(ns: np.ndarray, invalid: np.ndarray | None) -> pa.Array:
     return pa.array(ns) if invalid is None else pa.array(ns, mask=invalid)
 
 
-def _ns_values(values: Sequence[Number | None], bad: Counter[str] | None = None,
+def _ns_values(values: Sequence[Number | None] | np.ndarray, bad: Counter[str] | None = None,
                where: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """µs (as Kineto writes them, up to 3 decimals) → integer ns, vectorized. With `bad`, the values
     are durations: a negative one (among those `where` marks, if given) is kept as 0 and counted.
@@ -501,9 +501,13 @@ def _host_id(v: int | str | None, bad: Counter[str] | None = None) -> int | None
     return n
 
 
-def _host_ids(values: list[int | str | None], bad: Counter[str]) -> list[int | None]:
-    """_host_id of each; the integers Kineto writes pass as they are, without a call each."""
-    return [v if type(v) is int else _host_id(v, bad) for v in values]
+def _host_ids(values: list[int | str | None], bad: Counter[str]) -> pa.Array | list[int | None]:
+    """_host_id of each. The integers (or nulls) Kineto writes go to Arrow as they are, in one C
+    pass; only a list with a name (or an integer past int64) is looked at value by value."""
+    try:
+        return pa.array(values, I64)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return [v if type(v) is int else _host_id(v, bad) for v in values]
 
 
 @lru_cache(maxsize=4096)
@@ -622,7 +626,8 @@ class _CompleteKinds(dict[str | None, int]):
 
 
 _COMPLETE_KIND = _CompleteKinds()
-_PHASE_KIND = dict.fromkeys(_FLOW_PHASES, FLOWS)
+_NO_PH = len(_KINDS)   # an event without 'ph', while its kind is worked out
+_PHASE_KIND = {**dict.fromkeys(_FLOW_PHASES, FLOWS), "": _NO_PH}
 
 
 def _complete_key(cat: str | None) -> str:
@@ -643,20 +648,17 @@ def _complete_key(cat: str | None) -> str:
     return "cpu"
 
 
-def _kinds(events: list[_Event], ts: list[Number | None], bad: Counter[str]) -> np.ndarray:
+def _kinds(events: list[_Event], missing_ts: np.ndarray, bad: Counter[str]) -> np.ndarray:
     """Each event's kind (an index into _KINDS): one expression an event, then the rare cases as
     whole-array fixes (a host span without pid or tid is found later, in _Chunk)."""
     complete, phase = _COMPLETE_KIND, _PHASE_KIND.get
     kinds = np.array([complete[e.cat] if e.ph == "X" else phase(e.ph, OTHER) for e in events], dtype=np.int8)
-    if "" in (phs := [e.ph for e in events]):
+    if (no_ph := np.flatnonzero(kinds == _NO_PH)).size:
         # Only a complete ('X') event has both a start and a duration (Chrome trace format).
-        for i, p in enumerate(phs):
-            if not p:
-                bad["no_ph"] += 1
-                if events[i].dur is not None:
-                    kinds[i] = complete[events[i].cat]
-    if None in ts:
-        kinds[(kinds <= CPU) & np.array([t is None for t in ts])] = OTHER
+        bad["no_ph"] += int(no_ph.size)
+        for i in no_ph.tolist():
+            kinds[i] = OTHER if events[i].dur is None else complete[events[i].cat]
+    kinds[(kinds <= CPU) & missing_ts] = OTHER
     return kinds
 
 
@@ -688,8 +690,8 @@ class _Chunk:
 
     def __init__(self, events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) -> None:
         self.bad = bad
-        ts = [e.ts for e in events]
-        kinds = _kinds(events, ts, bad)
+        ts = np.array([e.ts for e in events], dtype=np.float64)   # None → NaN
+        kinds = _kinds(events, np.isnan(ts), bad)
         self._sort(events, kinds)
         host = slice(self.bounds[RUNTIME], self.bounds[CPU + 1])
         self.pids, self.tids = [e.pid for e in self.events[host]], [e.tid for e in self.events[host]]
@@ -700,7 +702,7 @@ class _Chunk:
             host = slice(self.bounds[RUNTIME], self.bounds[CPU + 1])
             self.pids, self.tids = [e.pid for e in self.events[host]], [e.tid for e in self.events[host]]
         evs = self.events
-        self.ts_ns = _ns_values(_pick(ts, self.order))
+        self.ts_ns = _ns_values(ts[self.order])
         # A negative duration claims negative time: kept as 0 and counted, except on flow events,
         # whose `dur` nothing reads.
         self.dur_ns = _ns_values([e.dur for e in evs], bad, kinds[self.order] != FLOWS)
@@ -743,13 +745,21 @@ def _ext(a: _Args) -> int | None:
     return a.external_id if a.external_id is not None else a.external_id_2021
 
 
+def _exts(evs: list[_Event]) -> list[int | None]:
+    """_ext of each event's args; the 2021 key looked at only where today's is missing."""
+    ids = [e.args.external_id for e in evs]
+    if None in ids:
+        ids = [i if i is not None else e.args.external_id_2021 for i, e in zip(ids, evs, strict=True)]
+    return ids
+
+
 def _gpu_columns(chunk: _Chunk, first: int, last: int | None = None) -> tuple[list[_Event], dict[str, Any]]:
     # Kineto puts the device and stream in args and as the GPU row's pid/tid; the 2021 schema
     # only in pid/tid.
     evs, cols = chunk.part(first, last)
     return evs, {
         **cols,
-        "external_id": [_ext(e.args) for e in evs],
+        "external_id": _exts(evs),
         "device": [e.args.device if e.args.device is not None else _int_or_none(e.pid) for e in evs],
         "stream": [e.args.stream if e.args.stream is not None else _int_or_none(e.tid) for e in evs],
         "correlation": [e.args.correlation for e in evs],
@@ -759,7 +769,7 @@ def _gpu_columns(chunk: _Chunk, first: int, last: int | None = None) -> tuple[li
 def _host_columns(chunk: _Chunk, kind: int) -> tuple[list[_Event], dict[str, Any]]:
     evs, cols = chunk.part(kind)
     pids, tids = chunk.host_ids(kind)
-    return evs, {**cols, "external_id": [_ext(e.args) for e in evs], "pid": pids, "tid": tids}
+    return evs, {**cols, "external_id": _exts(evs), "pid": pids, "tid": tids}
 
 
 def _table(name: str, bad: Counter[str], cols: dict[str, Any]) -> pa.Table:
