@@ -32,8 +32,16 @@ class IdleDigest:
     largest: list[tuple[int, int, int, int]] = field(default_factory=list)   # (ns, rank, step, start_ns)
 
 
-def _overlaps(s: np.ndarray, e: np.ndarray, a: int, b: int) -> bool:
-    return bool(((s < b) & (e > a)).any())
+def _overlapped(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each gap [a, b): whether any mark [s, e) overlaps it. Among the marks that start before
+    b, the one that reaches furthest decides: a prefix maximum of ends in order of start, one
+    binary search a gap (a loop of NumPy calls per gap was 0.07 s of the control trace's analyze)."""
+    if not len(s):
+        return np.zeros(len(a), dtype=bool)
+    order = np.argsort(s, kind="stable")
+    reach = np.maximum.accumulate(e[order])
+    before = np.searchsorted(s[order], b, side="left")    # marks starting before b
+    return (before > 0) & (reach[np.maximum(before - 1, 0)] > a)
 
 
 class Idle(Rule[Params]):
@@ -70,19 +78,17 @@ class Idle(Rule[Params]):
         ms = marks.start_ns if marks else np.zeros(0, np.int64)
         me = marks.end_ns if marks else np.zeros(0, np.int64)
         sync, prof = kinds == "sync", kinds == "profiler"
-        unexplained: list[tuple[int, int, int, int]] = []
-        for j in np.flatnonzero(g.other_ns > 0).tolist():
-            a, b, ns = int(g.start_ns[j]), int(g.end_ns[j]), int(g.other_ns[j])
-            if g.at_window_end[j]:
-                cause = "step_tail"
-            elif _overlaps(ms[prof], me[prof], a, b):
-                cause = "profiler"
-            elif _overlaps(ms[sync], me[sync], a, b):
-                cause = "sync_wait"
-            else:
-                cause = "unexplained"
-                unexplained.append((ns, tl.rank, tl.steps.step[int(g.step[j])], a))
-            d.gap_ns[cause] += ns
+        j = np.flatnonzero(g.other_ns > 0)
+        a, b, ns = g.start_ns[j], g.end_ns[j], g.other_ns[j]
+        # The first cause that holds, in this order, names the gap.
+        tail = np.asarray(g.at_window_end, dtype=bool)[j]
+        profiler = ~tail & _overlapped(ms[prof], me[prof], a, b)
+        sync_wait = ~tail & ~profiler & _overlapped(ms[sync], me[sync], a, b)
+        rest = ~(tail | profiler | sync_wait)
+        for cause, hit in (("step_tail", tail), ("profiler", profiler), ("sync_wait", sync_wait), ("unexplained", rest)):
+            d.gap_ns[cause] += int(ns[hit].sum())
+        unexplained = [(int(n), tl.rank, tl.steps.step[int(k)], int(x))
+                       for n, k, x in zip(ns[rest], g.step[j][rest], a[rest], strict=True)]
         d.largest = sorted(unexplained, reverse=True)[: self.params.top_gaps]
         return d
 

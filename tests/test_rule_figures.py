@@ -4,12 +4,14 @@ share of thin GEMMs, fused-chain savings, and the GEMM ceiling table row by row.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from diag import gemm_shape, hardware
 from rules.MFU009_slow_gemms import causes_of
 from rules.MFU011_copies import advice_for
 from rules.MFU012_unfused_elementwise import chain_gain
+from rules.MFU013_idle import _overlapped
 
 H100 = hardware.PARTS["h100-sxm"]
 A100 = hardware.PARTS["a100-80gb"]
@@ -121,3 +123,16 @@ def test_fp32_on_a_tf32_kernel_is_judged_against_the_tf32_ridge() -> None:
     tf32 = gemm_shape.fit((4096, 4096, 4096), flops, nbytes, "volta_tensorop_s1688gemm_128x128_tn", a100, "fp32")
     plain = gemm_shape.fit((4096, 4096, 4096), flops, nbytes, "ampere_sgemm_128x64_tn", a100, "fp32")
     assert tf32.ridge == pytest.approx(100.3, abs=0.1) and plain.ridge == pytest.approx(12.54, abs=0.01)
+
+
+def test_a_gap_is_overlapped_when_any_mark_crosses_it() -> None:
+    """MFU013's gap-by-mark test, against the pairwise definition (s < b and e > a), on marks that
+    nest, overlap, touch the gap's ends and come in any order."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        s = rng.integers(0, 100, rng.integers(0, 8))
+        e = s + rng.integers(0, 30, len(s))
+        a = rng.integers(0, 120, 20)
+        b = a + rng.integers(1, 20, 20)
+        want = [bool(((s < bj) & (e > aj)).any()) for aj, bj in zip(a, b, strict=True)]
+        assert _overlapped(s, e, a, b).tolist() == want
