@@ -90,6 +90,13 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[Seque
     insert_arrow(con, table, pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(names)}))
 
 
+def arrow_table(con: duckdb.DuckDBPyConnection, query: str, params: Any = None) -> pa.Table:
+    """A query's result as one Arrow table."""
+    rel = con.sql(query, params=params)
+    # DuckDB 2 names it to_arrow_table; 1.x returns the table from arrow().
+    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+
 def insert_arrow(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
     """Append an Arrow table whose columns are `table`'s, in order."""
     con.register("_rows", data)

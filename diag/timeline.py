@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from diag import flops as flops_mod
-from diag import kernels
+from diag import kernels, store
 from diag.ingest.kineto import device_props_for
 from diag.links import normalize_collective
 from diag.nesting import containing, distinct
@@ -205,10 +205,10 @@ def read_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[Ran
         "SELECT file_id, rank, coalesce(capture_window, 0), world_size, device_props, first_ts_ns, last_ts_ns "
         f"FROM trace_files WHERE file_id IN ({ids})"
     ).fetchall()}
-    acts = _by_file(_arrow(con, _ACTIVITIES.format(files=ids), None), files)
+    acts = _by_file(store.arrow_table(con, _ACTIVITIES.format(files=ids)), files)
     hosts = [f for f in files if not acts[f].num_rows]
     if hosts:
-        acts.update(_by_file(_arrow(con, _HOST_ACTIVITIES.format(files=", ".join(map(str, hosts))), None), hosts))
+        acts.update(_by_file(store.arrow_table(con, _HOST_ACTIVITIES.format(files=", ".join(map(str, hosts)))), hosts))
     spans: dict[int, list[tuple[Any, ...]]] = {f: [] for f in files}
     for f, *span in con.execute(
         f"""
@@ -217,8 +217,8 @@ def read_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[Ran
         """
     ).fetchall():
         spans[f].append(tuple(span))
-    ops = _by_file(_arrow(con, _CPU_OPS.format(files=ids), None), files)
-    marks = _by_file(_arrow(con, _HOST_MARKS.format(files=ids), None), files)
+    ops = _by_file(store.arrow_table(con, _CPU_OPS.format(files=ids)), files)
+    marks = _by_file(store.arrow_table(con, _HOST_MARKS.format(files=ids)), files)
     return [RankRows(f, tuple(meta[f]), acts[f], f in hosts, ops[f], spans[f], marks[f]) for f in files]
 
 
@@ -441,12 +441,6 @@ _CPU_OPS = """
            CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete, seq_num AS seq
     FROM cpu_ops WHERE file_id IN ({files}) ORDER BY file_id, coalesce(tid, -1), ts_ns, dur_ns DESC
 """
-
-
-def _arrow(con: duckdb.DuckDBPyConnection, query: str, params: Any) -> pa.Table:
-    rel = con.sql(query, params=params)
-    # DuckDB 2 names it to_arrow_table; 1.x returns the table from arrow().
-    return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 
 def _kernel_shapes(

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
 from helpers import shared_traces
 from test_cases import Run, run_case
 
-from diag import kernels
+from diag import critical_path, kernels
 from diag.api import analyze_path
 from diag.engine import AnalyzeOptions
 from diag.report import render_text
@@ -335,3 +336,33 @@ def test_one_rank_without_collectives_re_times_its_loader_stall(tmp_path: Path) 
     f = _finding(report, "MFU006")
     without = _analyzed(tmp_path / "quick", world_size=1)
     assert f["what_if_mfu"] == pytest.approx(without["mfu"], abs=0.01)
+
+
+def test_the_longest_overlap_sweep_agrees_with_every_pair() -> None:
+    """critical_path._longest_in against the pairwise definition: per group, disjoint segments
+    (sorted by start) and activities in any overlap (nested, long ones spanning several segments,
+    touching ends, none at all); the longest overlap wins, the first activity on a tie."""
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        seg_rows: list[tuple[int, int, int]] = []
+        act_rows: list[tuple[int, int, int]] = []
+        for g in range(int(rng.integers(1, 5))):
+            t = int(rng.integers(0, 10**12))
+            for _ in range(int(rng.integers(1, 6))):
+                t += int(rng.integers(0, 5))
+                length = int(rng.integers(1, 20))
+                seg_rows.append((g, t, t + length))
+                t += length
+            lo, hi = seg_rows[-1][1] - 60, t + 5
+            act_rows += [(g, s, s + int(rng.integers(0, 40))) for s in rng.integers(lo, hi, rng.integers(0, 8)).tolist()]
+        act_rows.sort()
+        sg, ss, se = (np.array([r[k] for r in seg_rows], np.int64) for k in range(3))
+        ag, as_, ae = (np.array([r[k] for r in act_rows], np.int64).reshape(-1) for k in range(3))
+        want = {}
+        for j, (g, s, e) in enumerate(seg_rows):
+            best = max(((min(e, b) - max(s, a), -i) for i, (h, a, b) in enumerate(act_rows) if h == g),
+                       default=(0, 0))
+            if best[0] > 0:
+                want[j] = -best[1]
+        seg, act = critical_path._longest_in(sg, ss, se, ag, as_, ae)
+        assert dict(zip(seg.tolist(), act.tolist(), strict=True)) == want
