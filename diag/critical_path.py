@@ -145,9 +145,11 @@ def _longest_in(seg_gid: np.ndarray, seg_s: np.ndarray, seg_e: np.ndarray,
                 act_gid: np.ndarray, act_s: np.ndarray, act_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each segment some activity of its group overlaps: (its index, the index of the activity
     that overlaps it longest; on a tie the first in the given order). Segments come sorted by
-    (group, start) and a group's segments are disjoint, so the segments an activity overlaps are
+    (group, start), and a group's are disjoint (one path), so the segments an activity overlaps are
     a run of consecutive ones, found by two binary searches on one time line where the groups
-    follow each other (each group's times from its own earliest, after the spans of those before)."""
+    follow each other (each group's times from its own earliest, after the spans of those before).
+    The search for the run's first goes by the furthest end so far: were segments to overlap, the
+    run would only hold more candidates, which the overlap test drops."""
     groups = int(max(seg_gid.max(initial=-1), act_gid.max(initial=-1))) + 1
     lo = np.full(groups, np.iinfo(np.int64).max)
     hi = np.full(groups, np.iinfo(np.int64).min)
@@ -161,7 +163,7 @@ def _longest_in(seg_gid: np.ndarray, seg_s: np.ndarray, seg_e: np.ndarray,
         return base[gid] + t
 
     ss, se, as_, ae = line(seg_gid, seg_s), line(seg_gid, seg_e), line(act_gid, act_s), line(act_gid, act_e)
-    first = np.searchsorted(se, as_, side="right")        # the first segment ending after the activity starts
+    first = np.searchsorted(np.maximum.accumulate(se), as_, side="right")   # the first that may end after it starts
     count = np.maximum(np.searchsorted(ss, ae, side="left") - first, 0)   # through the last starting before it ends
     act = np.repeat(np.arange(len(as_)), count)
     seg = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count - first, count)

@@ -339,11 +339,12 @@ def test_one_rank_without_collectives_re_times_its_loader_stall(tmp_path: Path) 
 
 
 def test_the_longest_overlap_sweep_agrees_with_every_pair() -> None:
-    """critical_path._longest_in against the pairwise definition: per group, disjoint segments
-    (sorted by start) and activities in any overlap (nested, long ones spanning several segments,
-    touching ends, none at all); the longest overlap wins, the first activity on a tie."""
+    """critical_path._longest_in against the pairwise definition: per group, segments sorted by
+    start (disjoint, as a path's are, and in some rounds overlapping) and activities in any
+    overlap (nested, long ones spanning several segments, touching ends, none at all); the longest
+    overlap wins, the first activity on a tie."""
     rng = np.random.default_rng(3)
-    for _ in range(100):
+    for round_ in range(200):
         seg_rows: list[tuple[int, int, int]] = []
         act_rows: list[tuple[int, int, int]] = []
         for g in range(int(rng.integers(1, 5))):
@@ -352,7 +353,7 @@ def test_the_longest_overlap_sweep_agrees_with_every_pair() -> None:
                 t += int(rng.integers(0, 5))
                 length = int(rng.integers(1, 20))
                 seg_rows.append((g, t, t + length))
-                t += length
+                t += length if round_ % 2 == 0 else int(rng.integers(0, length + 1))
             lo, hi = seg_rows[-1][1] - 60, t + 5
             act_rows += [(g, s, s + int(rng.integers(0, 40))) for s in rng.integers(lo, hi, rng.integers(0, 8)).tolist()]
         act_rows.sort()
