@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
+from diag.nesting import overlapped
 from rules.base import Rule
 
 
@@ -30,18 +31,6 @@ CAUSES = {
 class IdleDigest:
     gap_ns: dict[str, int]
     largest: list[tuple[int, int, int, int]] = field(default_factory=list)   # (ns, rank, step, start_ns)
-
-
-def _overlapped(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """For each gap [a, b): whether any mark [s, e) overlaps it. Among the marks that start before
-    b, the one that reaches furthest decides: a prefix maximum of ends in order of start, one
-    binary search a gap (a loop of NumPy calls per gap was 0.07 s of the control trace's analyze)."""
-    if not len(s):
-        return np.zeros(len(a), dtype=bool)
-    order = np.argsort(s, kind="stable")
-    reach = np.maximum.accumulate(e[order])
-    before = np.searchsorted(s[order], b, side="left")    # marks starting before b
-    return (before > 0) & (reach[np.maximum(before - 1, 0)] > a)
 
 
 class Idle(Rule[Params]):
@@ -82,8 +71,8 @@ class Idle(Rule[Params]):
         a, b, ns = g.start_ns[j], g.end_ns[j], g.other_ns[j]
         # The first cause that holds, in this order, names the gap.
         tail = np.asarray(g.at_window_end, dtype=bool)[j]
-        profiler = ~tail & _overlapped(ms[prof], me[prof], a, b)
-        sync_wait = ~tail & ~profiler & _overlapped(ms[sync], me[sync], a, b)
+        profiler = ~tail & overlapped(ms[prof], me[prof], a, b)
+        sync_wait = ~tail & ~profiler & overlapped(ms[sync], me[sync], a, b)
         rest = ~(tail | profiler | sync_wait)
         for cause, hit in (("step_tail", tail), ("profiler", profiler), ("sync_wait", sync_wait), ("unexplained", rest)):
             d.gap_ns[cause] += int(ns[hit].sum())

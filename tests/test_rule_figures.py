@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from diag import gemm_shape, hardware
+from diag.nesting import overlapped, points_within
 from rules.MFU009_slow_gemms import causes_of
 from rules.MFU011_copies import advice_for
 from rules.MFU012_unfused_elementwise import chain_gain
-from rules.MFU013_idle import _overlapped
 
 H100 = hardware.PARTS["h100-sxm"]
 A100 = hardware.PARTS["a100-80gb"]
@@ -126,8 +126,9 @@ def test_fp32_on_a_tf32_kernel_is_judged_against_the_tf32_ridge() -> None:
 
 
 def test_a_gap_is_overlapped_when_any_mark_crosses_it() -> None:
-    """MFU013's gap-by-mark test, against the pairwise definition (s < b and e > a), on marks that
-    nest, overlap, touch the gap's ends and come in any order."""
+    """The idle rules' gap-by-mark tests (MFU010, MFU013) against their pairwise definitions: a
+    span overlaps (s < b and e > a), an instant falls within (a <= t <= b); marks nest, overlap,
+    touch the gap's ends and come in any order."""
     rng = np.random.default_rng(7)
     for _ in range(200):
         s = rng.integers(0, 100, rng.integers(0, 8))
@@ -135,4 +136,6 @@ def test_a_gap_is_overlapped_when_any_mark_crosses_it() -> None:
         a = rng.integers(0, 120, 20)
         b = a + rng.integers(1, 20, 20)
         want = [bool(((s < bj) & (e > aj)).any()) for aj, bj in zip(a, b, strict=True)]
-        assert _overlapped(s, e, a, b).tolist() == want
+        assert overlapped(s, e, a, b).tolist() == want
+        within = [bool(((e >= aj) & (e <= bj)).any()) for aj, bj in zip(a, b, strict=True)]
+        assert points_within(e, a, b).tolist() == within
