@@ -4,8 +4,9 @@ the first: one file's parse on two cores.
 The child inherits the file's bytes (copy-on-write, or the same pages of the memory map), parses
 its half and writes each table as an Arrow IPC stream into a private temporary folder; this
 process, done with its own half, maps them back a table at a time, in order (memory holds the
-mapped pages of one table's part rather than a half's Python objects). The child touches no database and leaves only through os._exit, so
-nothing of the parent's (DuckDB's connection, its threads) runs twice.
+mapped pages of one table's part rather than a half's Python objects). The child touches no
+database and leaves only through os._exit, so nothing of the parent's (DuckDB's connection, its
+threads) runs twice.
 
 If the child fails in any way, this process parses the second half itself: the same events, the
 same errors, as if it had never been split.
