@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
 import duckdb
 import pytest
 from helpers import one, run_diag
+
+from diag.ingest import source
 
 EVENTS = [
     {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 1000.5 + i * 10, "dur": 5,
@@ -156,6 +159,24 @@ def test_gzip_member_concatenation_reads_whole(tmp_path: Path) -> None:
     f.write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]))
     assert ingest(tmp_path, f)[0] == 0
     assert rows(tmp_path) == (20, False)   # two gzip members, as `cat a.gz b.gz` makes
+
+
+@pytest.mark.parametrize("layout", ["one member", "two members", "a small last member", "NUL padding",
+                                    "an empty member first"])
+def test_gzip_content_and_hash_whatever_the_trailer_says(tmp_path: Path, layout: str) -> None:
+    """The inflated size is read from the gzip trailer (the last member's ISIZE) and checked: where
+    it is not the whole content's, the content is counted and inflated again, to the same bytes."""
+    text = trace_text().encode()
+    one, parts = gzip.compress(text), {
+        "one member": [text], "two members": [text[: len(text) // 2], text[len(text) // 2 :]],
+        "a small last member": [text[:-3], text[-3:]], "NUL padding": [text], "an empty member first": [b"", text],
+    }[layout]
+    data = b"".join(gzip.compress(p) for p in parts) + (b"\0" * 512 if layout == "NUL padding" else b"")
+    assert layout != "one member" or data == one
+    f = tmp_path / "rank-0.json.gz"
+    f.write_bytes(data)
+    src = source.read_source(str(f))
+    assert bytes(src.data) == text and src.content_hash == hashlib.sha256(text).hexdigest()
 
 
 def test_typed_args_of_an_unexpected_type_or_range_are_kept_raw_and_counted(tmp_path: Path) -> None:

@@ -114,6 +114,18 @@ def test_a_gzip_bomb_is_refused_before_anything_is_stored(tmp_path: Path) -> Non
     assert isinstance(out["peak_mb"], float) and out["peak_mb"] < source.IN_MEMORY_BYTES / MB + 48, out
 
 
+def test_a_bomb_whose_trailer_lies_is_refused_having_stored_at_most_the_cap(tmp_path: Path) -> None:
+    """The trailer's size (ISIZE) is taken as a hint: one that understates a bomb has it inflated
+    into that much memory, no more, before the counting pass refuses it at the cap."""
+    bomb = gzip_bomb(tmp_path / "rank-0.json.gz", b"\0", 512 * MB)
+    with bomb.open("r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write((200 * MB).to_bytes(4, "little"))
+    out = measured(f"def run():\n    return source.read_source({str(bomb)!r}, max_bytes=256 * {MB})\n", tmp_path)
+    assert "decompresses to more than the 268435456 byte cap" in str(out["error"])
+    assert isinstance(out["peak_mb"], float) and out["peak_mb"] < 256, out
+
+
 def test_a_whitespace_bomb_costs_one_times_its_size(tmp_path: Path) -> None:
     bomb = gzip_bomb(tmp_path / "rank-0.json.gz", b" ", 256 * MB)
     out = measured(f"def run():\n    return source.read_source({str(bomb)!r})\n", tmp_path)

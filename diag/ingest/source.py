@@ -43,6 +43,9 @@ DEFAULT_MAX_BYTES = _default_max_bytes()
 # parsed ranges are released as the parse moves on.
 IN_MEMORY_BYTES = 64 * 1024**2
 _CHUNK = 16 * 1024 * 1024
+# Inflated in pieces this small, so that each piece's memory is the last one's, already mapped:
+# fresh 16 MB pieces cost a page fault per 4 kB, and the 35 MB control trace's read 0.087 s → 0.057.
+_INFLATE_PIECE = 1024 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
 # isal's stubs declare IsalError as an instance; at run time it is the exception class.
 _InflateError = cast(type[Exception], isal_zlib.IsalError)
@@ -172,28 +175,67 @@ def _slices(data: Buffer) -> Iterator[memoryview]:
 
 
 def _gunzip(path: str, f: IO[bytes], size: int, max_bytes: int, damage: list[BadInput] | None) -> tuple[Buffer, str]:
-    """Count the decompressed bytes without keeping them (a bomb is refused at the cap having
-    stored nothing), then inflate again into memory of exactly that size (no growing buffer, whose
-    reallocations peaked at twice its size). The counting pass costs 0.6 ms per MB (ISA-L), a few
-    percent of the parse."""
+    """The inflated content and its hash, in memory of exactly its size (no growing buffer, whose
+    reallocations peaked at twice its size). The size is first taken from the gzip trailer and the
+    content inflated once into it; where the trailer does not tell it (several members, padding,
+    4 GiB or more, damage) the content is inflated twice: counted without keeping it, then kept.
+    Either way no more than `max_bytes` is ever stored: a bomb is refused at the cap. Once instead
+    of twice: 0.03 s of the 35 MB control trace's 0.11 s read."""
+    hinted = _trailer_size(f, size)
+    if hinted is not None and 0 < hinted <= max_bytes:
+        try:
+            got = _inflate_into(path, f, size, max_bytes, hinted)
+        except BadInput:
+            if damage is None:
+                raise
+            got = None   # salvage: the counting pass finds where the damage begins
+        if got is not None:
+            return got
+        f.seek(0)
     total = sum(len(c) for c in _inflate(path, f, size, max_bytes, damage))
     f.seek(0)
+    got = _inflate_into(path, f, size, max_bytes, total, None if damage is None else [])
+    if got is None:
+        raise BadInput(path, "the file changed while it was read; ingest it once it is complete")
+    return got
+
+
+def _trailer_size(f: IO[bytes], size: int) -> int | None:
+    """ISIZE, the last member's inflated size modulo 2^32, from the file's last 4 bytes (RFC 1952)."""
+    if size < 18:   # a 10-byte header and an 8-byte trailer
+        return None
+    f.seek(size - 4)
+    tail = f.read(4)
+    f.seek(0)
+    return int.from_bytes(tail, "little") if len(tail) == 4 else None
+
+
+def _inflate_into(path: str, f: IO[bytes], size: int, max_bytes: int, total: int,
+                  damage: list[BadInput] | None = None) -> tuple[Buffer, str] | None:
+    """The content inflated into memory of `total` bytes and its sha256, hashed in a thread while
+    the next piece inflates (hashlib lets go of the GIL); None if it is not `total` bytes long."""
     buf: bytearray | mmap.mmap = bytearray(total) if total <= IN_MEMORY_BYTES else _anonymous(total)
     h = hashlib.sha256()
     pos = 0
-    for chunk in _inflate(path, f, size, max_bytes, None if damage is None else []):
-        if pos + len(chunk) > total:
-            break
-        buf[pos : pos + len(chunk)] = chunk
-        h.update(chunk)
-        pos += len(chunk)
-    if pos != total:
-        raise BadInput(path, "the file changed while it was read; ingest it once it is complete")
-    return buf, h.hexdigest()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-hash") as hasher:
+        hashed: Future[None] | None = None
+        try:
+            for chunk in _inflate(path, f, size, max_bytes, damage):
+                if pos + len(chunk) > total:
+                    return None
+                buf[pos : pos + len(chunk)] = chunk
+                if hashed is not None:
+                    hashed.result()
+                hashed = hasher.submit(h.update, chunk)
+                pos += len(chunk)
+        finally:
+            if hashed is not None:
+                hashed.result()
+    return (buf, h.hexdigest()) if pos == total else None
 
 
 def _inflate(path: str, f: IO[bytes], size: int, max_bytes: int, damage: list[BadInput] | None) -> Iterator[bytes]:
-    """The decompressed content in pieces of at most _CHUNK, in bounded steps (zlib max_length),
+    """The decompressed content in pieces of at most _INFLATE_PIECE, in bounded steps (zlib max_length),
     refusing more than `max_bytes` in all, and corrupt or truncated streams: with a `damage` list
     (salvage) the content ends there instead, the damage appended to the list. ISA-L's inflate (zlib's
     interface) takes 0.09 s where zlib takes 0.15 on the 35 MB control trace. Concatenated members
@@ -209,7 +251,7 @@ def _inflate(path: str, f: IO[bytes], size: int, max_bytes: int, damage: list[Ba
             consumed += len(buf)
             eof_input = not buf
         try:
-            chunk = d.decompress(buf, _CHUNK)
+            chunk = d.decompress(buf, _INFLATE_PIECE)
         except _InflateError as e:
             bad = BadInput(path, f"corrupt gzip: {e}", consumed - len(buf))
             if damage is None:
