@@ -23,6 +23,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from diag import kernels, store
@@ -37,33 +38,81 @@ KINDS = ("compute", "comm", "wait", "copy", "idle", "host")
 # a large run can cross thousands of state runs; the report has to stay readable and small.
 MAX_SEGMENTS = 40
 
+I64 = npt.NDArray[np.int64]
+Objects = npt.NDArray[np.object_]
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    rank: int
-    kind: str          # KINDS
-    start_ns: int      # aligned clock (clock_offsets)
-    end_ns: int
-    what: str | None   # collective instance, 'dataloader' or 'launch' (host), else the kernel or copy
-                       # that ran longest in it (None: none the step launched)
+
+@dataclass(frozen=True)
+class Segments:
+    """Segments as columns, one row each (a step of a large run crosses tens of thousands of state
+    runs: the control trace's 6 steps 19k, merged into 12k segments, which cost 0.1 s of its
+    analyze as one Python object each). Times are on the aligned clock (clock_offsets)."""
+
+    rank: I64
+    kind: Objects     # KINDS
+    start_ns: I64
+    end_ns: I64
+    what: Objects     # collective instance, 'dataloader' or 'launch' (host), else the kernel or copy
+                      # that ran longest in it (None: none the step launched)
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def rows(self, i: slice | npt.NDArray[Any]) -> Segments:
+        return Segments(self.rank[i], self.kind[i], self.start_ns[i], self.end_ns[i], self.what[i])
+
+    @staticmethod
+    def of(rank: Any, kind: Any, start_ns: Any, end_ns: Any, what: Any) -> Segments:
+        n = len(start_ns)
+        return Segments(np.broadcast_to(np.asarray(rank, np.int64), n).copy(), _objects(kind, n),
+                        np.asarray(start_ns, np.int64), np.asarray(end_ns, np.int64), _objects(what, n))
+
+    @staticmethod
+    def joined(parts: list[Segments]) -> Segments:
+        if not parts:
+            return Segments.of([], [], [], [], [])
+        return Segments(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+
+
+_FIELDS = ("rank", "kind", "start_ns", "end_ns", "what")
+
+
+def _objects(values: Any, n: int) -> Objects:
+    """An object column of `n` rows: `values` one per row, or one value (None, a str) for all."""
+    out = np.empty(n, dtype=object)
+    if isinstance(values, (str, type(None))):
+        out[:] = values
+    else:
+        out[:] = list(values)
+    return out
 
 
 @dataclass(frozen=True)
 class StepPath:
     step: int
-    segments: list[Segment]     # in time order, merged, all of them (the store keeps them all)
+    segments: Segments     # in time order, merged, all of them (the store keeps them all)
 
     @property
     def length_ns(self) -> int:
-        return sum(s.end_ns - s.start_ns for s in self.segments)
+        return int((self.segments.end_ns - self.segments.start_ns).sum())
 
     def share(self, key: str) -> dict[str, float]:
         """Share of the path's length per `kind` or per `rank`."""
-        total = self.length_ns or 1
-        out: dict[str, float] = defaultdict(float)
-        for s in self.segments:
-            out[str(getattr(s, key))] += (s.end_ns - s.start_ns) / total
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+        seg = self.segments
+        return dict(sorted(_sums(getattr(seg, key), seg.end_ns - seg.start_ns, self.length_ns or 1).items(),
+                           key=lambda kv: -kv[1]))
+
+
+def _sums(keys: npt.NDArray[Any], lengths: I64, divisor: int) -> dict[str, float]:
+    """Sum of lengths / divisor per key (as str), keys in order of first appearance, each sum added
+    up in time order, as a running `+=` over the segments would."""
+    if not len(keys):
+        return {}
+    parts = lengths / divisor
+    uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")   # each key's rows together, in time order
+    groups = np.split(order, np.flatnonzero(np.diff(inverse[order])) + 1)
+    return {str(uniq[u]): sum(parts[groups[u]].tolist()) for u in np.argsort(first, kind="stable").tolist()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,29 +165,45 @@ def _named(con: duckdb.DuckDBPyConnection, paths: list[StepPath], file_of: dict[
     """Compute, copy and unnamed comm segments named after the kernel or copy that ran longest in
     them (a segment is a merged run of its state: it may cover many), among the activities its
     step launched."""
-    todo = [(k, j, p.step, s) for k, p in enumerate(paths) for j, s in enumerate(p.segments)
-            if s.what is None and s.kind in ("compute", "comm", "copy") and s.rank in file_of[p.step]]
-    if not todo:
+    todo = [np.flatnonzero(_is_none(p.segments.what) & np.isin(p.segments.kind, ("compute", "comm", "copy"))
+                           & np.isin(p.segments.rank, list(file_of[p.step]))) for p in paths]
+    n = sum(map(len, todo))
+    if not n:
         return paths
+    seg = Segments.joined([p.segments.rows(i) for p, i in zip(paths, todo, strict=True)])
+    rank = seg.rank.tolist()
+    step = np.repeat([p.step for p in paths], list(map(len, todo)))
+    off = np.array([offsets.get(r, 0) for r in rank], np.int64)
     con.register("path_segments", pa.table({   # on each rank's own clock, as the activities are
-        "i": range(len(todo)), "step": [step for _, _, step, _ in todo],
-        "f": [file_of[step][s.rank] for _, _, step, s in todo], "kind": [s.kind for *_, s in todo],
-        "s": [s.start_ns - offsets.get(s.rank, 0) for *_, s in todo],
-        "e": [s.end_ns - offsets.get(s.rank, 0) for *_, s in todo],
+        "i": np.arange(n), "step": step, "f": [file_of[st][r] for st, r in zip(step.tolist(), rank, strict=True)],
+        "kind": seg.kind, "s": seg.start_ns - off, "e": seg.end_ns - off,
     }))
     try:
         segments = store.arrow_table(con, _GROUP_SEGMENTS)
         acts = store.arrow_table(con, _GROUP_ACTIVITIES)
     finally:
         con.unregister("path_segments")
-    seg, act = _longest_in(*(numpy_of(segments.column(c), np.int64) for c in ("gid", "s", "e")),
-                           *(numpy_of(acts.column(c), np.int64) for c in ("gid", "ts_ns", "end_ns")))
-    names = acts.column("name").take(pa.array(act)).to_pylist()
-    segs = [list(p.segments) for p in paths]
-    for i, name in zip(numpy_of(segments.column("i"), np.int64)[seg].tolist(), names, strict=True):
-        k, j, _, s = todo[i]
-        segs[k][j] = Segment(s.rank, s.kind, s.start_ns, s.end_ns, kernels.head(name).strip()[:NAME_CHARS])
-    return [StepPath(p.step, v) for p, v in zip(paths, segs, strict=True)]
+    found, act = _longest_in(*(numpy_of(segments.column(c), np.int64) for c in ("gid", "s", "e")),
+                             *(numpy_of(acts.column(c), np.int64) for c in ("gid", "ts_ns", "end_ns")))
+    # Each distinct name shortened once (a run repeats a few hundred kernels over thousands of segments).
+    names = acts.column("name").take(pa.array(act)).combine_chunks().dictionary_encode()
+    short = np.array([None] + [kernels.head(x).strip()[:NAME_CHARS] for x in names.dictionary.to_pylist()], object)
+    what = np.empty(n, dtype=object)
+    what[numpy_of(segments.column("i"), np.int64)[found]] = short[numpy_of(names.indices.fill_null(-1), np.int64) + 1]
+    out, at = [], 0
+    for p, i in zip(paths, todo, strict=True):
+        if len(i):
+            w = p.segments.what.copy()
+            named = what[at : at + len(i)]
+            w[i] = np.where(_is_none(named), w[i], named)
+            p = StepPath(p.step, Segments(p.segments.rank, p.segments.kind, p.segments.start_ns, p.segments.end_ns, w))
+        out.append(p)
+        at += len(i)
+    return out
+
+
+def _is_none(a: Objects) -> npt.NDArray[np.bool_]:
+    return np.fromiter((x is None for x in a), dtype=bool, count=len(a))
 
 
 def _longest_in(seg_gid: np.ndarray, seg_s: np.ndarray, seg_e: np.ndarray,
@@ -213,27 +278,27 @@ class RunCache:
     def __init__(self, con: duckdb.DuckDBPyConnection, files: dict[int, RankDigest], offsets: dict[int, int],
                  step: int):
         self.con, self.files, self.offsets, self.step = con, files, offsets, step
-        self.cache: dict[int, list[tuple[int, int, str, str | None]]] = {}
+        self.cache: dict[int, Segments] = {}
 
-    def of(self, file_id: int) -> list[tuple[int, int, str, str | None]]:
+    def of(self, file_id: int) -> Segments:
         if file_id not in self.cache:
-            self.cache[file_id] = list(self._read(file_id))
+            self.cache[file_id] = self._read(file_id)
         return self.cache[file_id]
 
-    def _read(self, file_id: int) -> Iterator[tuple[int, int, str, str | None]]:
+    def _read(self, file_id: int) -> Segments:
         r = self.files[file_id]
-        off = self.offsets.get(r.rank, 0)
         steps = r.steps.step
         if self.step not in steps:
-            return
+            return Segments.of(r.rank, [], [], [], [])
         i = steps.index(self.step)
         # The next activity by start after an idle run: the GPU waited for its launch call until it
         # returned (states._host_bound, the ledger's host_bound). Windows tile the timeline, so it
-        # starts before the next window ends.
+        # starts before the next window ends. None found: the launch part is empty.
         hi = int(r.steps.end_ns[i + 1]) if i + 1 < len(steps) else None
-        rows = self.con.execute(
+        runs = store.arrow_table(
+            self.con,
             """
-            SELECT g.start_ns, g.end_ns, g.state, a.launch_end_ns
+            SELECT g.start_ns, g.end_ns, g.state, coalesce(a.launch_end_ns, g.start_ns) AS launch_end_ns
             FROM (SELECT * FROM gpu_segments WHERE file_id = $f AND step = $s) g
             ASOF LEFT JOIN (SELECT ts_ns, launch_end_ns FROM activities
                             WHERE file_id = $f AND ts_ns >= $lo AND ($hi IS NULL OR ts_ns < $hi)) a
@@ -241,18 +306,54 @@ class RunCache:
             ORDER BY g.start_ns
             """,
             {"f": file_id, "s": self.step, "lo": int(r.steps.start_ns[i]), "hi": hi},
-        ).fetchall()
-        ds, de = r.dataloader_spans
-        loader = sorted(zip(ds.tolist(), de.tolist(), strict=True))
-        for s, e, state, le in rows:
-            if state != "idle":
-                yield s + off, e + off, state, None
-                continue
-            cut = s if le is None else min(max(le, s), e)
-            for a, b, kind, what in ((s, cut, "host", "launch"), (cut, e, "idle", None)):
-                for pa_, pb, in_loader in _split(a, b, loader):
-                    if pb > pa_:
-                        yield pa_ + off, pb + off, "host" if in_loader else kind, "dataloader" if in_loader else what
+        )
+        s, e, le = (numpy_of(runs.column(c), np.int64) for c in ("start_ns", "end_ns", "launch_end_ns"))
+        state = runs.column("state").to_numpy(zero_copy_only=False)
+        # An idle run is two pieces, host ('launch') up to the call's return, then idle; each piece
+        # inside the data loader's spans is host ('dataloader').
+        idle = state == "idle"
+        cut = np.minimum(np.maximum(le, s), e)
+        first = np.arange(len(s)) + np.cumsum(idle) - idle   # where each run's first piece goes
+        n = len(s) + int(idle.sum())
+        ps, pe, kind, what = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, object), np.empty(n, object)
+        ps[first], pe[first], kind[first] = s, np.where(idle, cut, e), state
+        kind[first[idle]], what[first[idle]] = "host", "launch"
+        second = first[idle] + 1
+        ps[second], pe[second], kind[second], what[second] = cut[idle], e[idle], "idle", None
+        from_idle = np.zeros(n, bool)
+        from_idle[first[idle]] = from_idle[second] = True
+        pieces = _in_loader(Segments.of(r.rank, kind, ps, pe, what), from_idle, *r.dataloader_spans)
+        off = self.offsets.get(r.rank, 0)
+        keep = pieces.end_ns > pieces.start_ns
+        return Segments(pieces.rank[keep], pieces.kind[keep], pieces.start_ns[keep] + off, pieces.end_ns[keep] + off,
+                        pieces.what[keep])
+
+
+def _in_loader(pieces: Segments, split: npt.NDArray[np.bool_], ds: I64, de: I64) -> Segments:
+    """The `split` pieces cut where they enter and leave the data loader's spans (ds, de), the parts
+    inside as host ('dataloader'); the rest as they are. Only the pieces a span overlaps are cut."""
+    if not len(ds):
+        return pieces
+    spans = sorted(zip(ds.tolist(), de.tolist(), strict=True))
+    starts = np.array([a for a, _ in spans], np.int64)
+    ends_so_far = np.maximum.accumulate(np.array([b for _, b in spans], np.int64))
+    below = np.searchsorted(starts, pieces.end_ns, side="left")   # the spans starting before it ends
+    overlapped = split & (below > 0) & (ends_so_far[np.maximum(below - 1, 0)] > pieces.start_ns)
+    if not overlapped.any():
+        return pieces
+    parts: list[Segments] = []
+    at = 0
+    for k in np.flatnonzero(overlapped).tolist():
+        parts.append(pieces.rows(slice(at, k)))
+        a, b, rank, kind, what = (int(pieces.start_ns[k]), int(pieces.end_ns[k]), int(pieces.rank[k]),
+                                  str(pieces.kind[k]), pieces.what[k])
+        cut = list(_split(a, b, spans))
+        parts.append(Segments.of(rank, ["host" if inside else kind for *_, inside in cut],
+                                 [x for x, _, _ in cut], [y for _, y, _ in cut],
+                                 ["dataloader" if inside else what for *_, inside in cut]))
+        at = k + 1
+    parts.append(pieces.rows(slice(at, len(pieces))))
+    return Segments.joined(parts)
 
 
 def _split(a: int, b: int, spans: list[tuple[int, int]]) -> Iterator[tuple[int, int, bool]]:
@@ -270,79 +371,90 @@ def _split(a: int, b: int, spans: list[tuple[int, int]]) -> Iterator[tuple[int, 
 
 
 def _walk(step: int, windows: dict[int, tuple[int, int]], joins: dict[int, list[_Join]], runs: RunCache,
-          files: dict[int, RankDigest]) -> list[Segment]:
+          files: dict[int, RankDigest]) -> Segments:
+    """The step's path, walked back from the latest window end: what each rank ran until the join
+    where it waited, then the rank it waited for. In time order."""
     if not windows:
-        return []
+        return Segments.joined([])
     f = max(windows, key=lambda k: (windows[k][1], -k))
     t = windows[f][1]
     used: set[tuple[int, str]] = set()
-    out: list[Segment] = []
+    out: list[Segments] = []   # latest first, each part in time order
     while True:
         start = windows[f][0]
         rank = files[f].rank
         j = next((j for j in reversed(joins.get(f, ())) if j.wait_start_ns < t and j.arrive_ns > start
                   and (f, j.instance) not in used), None)
         if j is None:
-            out.extend(_segments(runs.of(f), rank, start, t))
+            out.append(_clipped(runs.of(f), start, t))
             break
         used.add((f, j.instance))
         arrive = min(j.arrive_ns, t)
-        out.extend(_segments(runs.of(f), rank, arrive, t))
-        if out and out[-1].kind == "comm" and out[-1].start_ns == arrive:
-            out[-1] = Segment(rank, "comm", arrive, out[-1].end_ns, j.instance)   # the joined instance's transfer
+        out.append(_clipped(runs.of(f), arrive, t))
+        last = next((k for k in range(len(out) - 1, -1, -1) if len(out[k])), None)
+        if last is not None and out[last].kind[0] == "comm" and out[last].start_ns[0] == arrive:
+            # The joined instance's transfer: the earliest segment walked so far.
+            p = out[last]
+            ranks, what = p.rank.copy(), p.what.copy()
+            ranks[0], what[0] = rank, j.instance
+            out[last] = Segments(ranks, p.kind, p.start_ns, p.end_ns, what)
         if j.to_file is None or j.to_file not in windows:
             # The late rank left no trace of this step: its wait is all the path can show.
-            out.append(Segment(rank, "wait", max(j.wait_start_ns, start), arrive, j.instance))
+            out.append(Segments.of(rank, "wait", [max(j.wait_start_ns, start)], [arrive], j.instance))
             t = max(j.wait_start_ns, start)
             continue
         f, t = j.to_file, arrive
-    out.reverse()
-    return out
+    return Segments.joined(out[::-1])
 
 
-def _segments(runs: list[tuple[int, int, str, str | None]], rank: int, a: int, b: int) -> Iterator[Segment]:
-    """Runs clipped to [a, b), latest first (the walk goes back in time)."""
-    for s, e, kind, what in reversed(runs):
-        if e <= a:
-            break
-        if s < b:
-            yield Segment(rank, kind, max(s, a), min(e, b), what)
+def _clipped(runs: Segments, a: int, b: int) -> Segments:
+    """The runs since the last one ending by `a` that start before `b`, clipped to [a, b)."""
+    hi = int(np.searchsorted(runs.start_ns, b, side="left"))
+    ended = np.flatnonzero(runs.end_ns[:hi] <= a)
+    part = runs.rows(slice(int(ended[-1]) + 1 if len(ended) else 0, hi))
+    return Segments(part.rank, part.kind, np.maximum(part.start_ns, a), np.minimum(part.end_ns, b), part.what)
 
 
-def _merge(segs: list[Segment]) -> list[Segment]:
+def _merge(segs: Segments) -> Segments:
     """Adjacent segments of one rank, kind and `what` as one."""
-    out: list[Segment] = []
-    for s in segs:
-        if s.end_ns <= s.start_ns:
-            continue
-        p = out[-1] if out else None
-        if p is not None and (p.rank, p.kind, p.what) == (s.rank, s.kind, s.what) and p.end_ns == s.start_ns:
-            out[-1] = Segment(p.rank, p.kind, p.start_ns, s.end_ns, p.what)
-        else:
-            out.append(s)
-    return out
+    segs = segs.rows(segs.end_ns > segs.start_ns)
+    if not len(segs):
+        return segs
+    new = np.ones(len(segs), bool)
+    new[1:] = ((segs.rank[1:] != segs.rank[:-1]) | (segs.kind[1:] != segs.kind[:-1])
+               | (segs.what[1:] != segs.what[:-1]) | (segs.end_ns[:-1] != segs.start_ns[1:]))
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(segs)) - 1
+    return Segments(segs.rank[first], segs.kind[first], segs.start_ns[first], segs.end_ns[last], segs.what[first])
 
 
 def report_entry(p: StepPath) -> dict[str, Any]:
     """The report's `critical_path` item: at most MAX_SEGMENTS segments (the longest, in time order)
     and the rest summed under `omitted`; the summary counts every segment."""
-    keep = sorted(sorted(p.segments, key=lambda s: -(s.end_ns - s.start_ns))[:MAX_SEGMENTS],
-                  key=lambda s: s.start_ns)
-    kept = set(map(id, keep))
-    left = [s for s in p.segments if id(s) not in kept]
-    omitted: dict[str, float] = defaultdict(float)
-    for s in left:
-        omitted[s.kind] += (s.end_ns - s.start_ns) / 1000
+    seg = p.segments
+    length = seg.end_ns - seg.start_ns
+    keep = np.argsort(-length, kind="stable")[:MAX_SEGMENTS]
+    keep = keep[np.argsort(seg.start_ns[keep], kind="stable")]
+    left = np.ones(len(seg), bool)
+    left[keep] = False
+    kept = seg.rows(keep)
     return {
         "step": p.step,
-        "segments": [{"rank": s.rank, "kind": s.kind, "start_us": s.start_ns / 1000, "end_us": s.end_ns / 1000,
-                      "what": s.what} for s in keep],
-        "omitted": {"segments": len(left), "us_by_kind": dict(omitted)},
+        "segments": [{"rank": r, "kind": k, "start_us": s / 1000, "end_us": e / 1000, "what": w}
+                     for r, k, s, e, w in zip(kept.rank.tolist(), kept.kind.tolist(), kept.start_ns.tolist(),
+                                              kept.end_ns.tolist(), kept.what.tolist(), strict=True)],
+        "omitted": {"segments": int(left.sum()), "us_by_kind": _sums(seg.kind[left], length[left], 1000)},
         "summary": {"length_us": p.length_ns / 1000, "by_kind": p.share("kind"), "by_rank": p.share("rank")},
     }
 
 
 def write(con: duckdb.DuckDBPyConnection, paths: list[StepPath]) -> None:
-    store.insert_rows(con, "critical_path", [
-        (p.step, i, s.rank, s.kind, s.start_ns, s.end_ns, s.what) for p in paths for i, s in enumerate(p.segments)
-    ])
+    if not any(len(p.segments) for p in paths):
+        return
+    seg = Segments.joined([p.segments for p in paths])
+    names = [r[0] for r in con.execute("DESCRIBE critical_path").fetchall()]
+    columns = (np.repeat([p.step for p in paths], [len(p.segments) for p in paths]),
+               np.concatenate([np.arange(len(p.segments)) for p in paths]),
+               seg.rank, seg.kind, seg.start_ns, seg.end_ns, seg.what)
+    store.insert_arrow(con, "critical_path", pa.table(
+        {n: pa.array(c.tolist() if c.dtype.kind in "UO" else c) for n, c in zip(names, columns, strict=True)}))

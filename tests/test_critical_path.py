@@ -367,3 +367,76 @@ def test_the_longest_overlap_sweep_agrees_with_every_pair() -> None:
                 want[j] = -best[1]
         seg, act = critical_path._longest_in(sg, ss, se, ag, as_, ae)
         assert dict(zip(seg.tolist(), act.tolist(), strict=True)) == want
+
+
+def _as_rows(s: critical_path.Segments) -> list[tuple[Any, ...]]:
+    return list(zip(s.rank.tolist(), s.kind.tolist(), s.start_ns.tolist(), s.end_ns.tolist(), s.what.tolist(),
+                    strict=True))
+
+
+def test_pieces_are_cut_at_the_data_loader_spans_as_one_at_a_time() -> None:
+    """critical_path._in_loader (which cuts only the pieces some span overlaps, found by binary
+    search) against _split run on every piece it may cut: spans overlapping, nested, touching,
+    inside a piece or across several; pieces not to be cut left whole whatever they overlap. Empty
+    pieces are set aside on both sides (_read drops them after)."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        t, rows, split = 0, [], []
+        for _ in range(int(rng.integers(0, 12))):
+            length = int(rng.integers(0, 30))
+            rows.append((0, str(rng.choice(["compute", "idle", "host"])), t, t + length,
+                         (None, "launch")[int(rng.integers(0, 2))]))
+            split.append(bool(rng.integers(0, 2)))
+            t += length
+        starts = rng.integers(-5, t + 5, int(rng.integers(0, 5)))
+        ds = np.array(starts, np.int64)
+        de = ds + rng.integers(0, 40, len(ds))
+        spans = sorted(zip(ds.tolist(), de.tolist(), strict=True))
+        want = []
+        for (rank, kind, a, b, what), cut in zip(rows, split, strict=True):
+            if not cut:
+                want.append((rank, kind, a, b, what))
+                continue
+            want += [(rank, "host" if inside else kind, x, y, "dataloader" if inside else what)
+                     for x, y, inside in critical_path._split(a, b, spans)]
+        pieces = critical_path.Segments.of([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                                           [r[3] for r in rows], [r[4] for r in rows])
+        got = critical_path._in_loader(pieces, np.array(split, bool), ds, de)
+        assert [r for r in _as_rows(got) if r[3] > r[2]] == [r for r in want if r[3] > r[2]]
+
+
+def test_merging_and_clipping_agree_with_the_one_by_one_definitions() -> None:
+    """_merge: adjacent segments of one rank, kind and what, end to start, as one (zero-length
+    ones dropped first); _clipped: the runs back from the end until one ends by `a`, those starting
+    before `b`, clipped to [a, b)."""
+    rng = np.random.default_rng(8)
+    for _ in range(300):
+        t, rows = 0, []
+        for _ in range(int(rng.integers(0, 15))):
+            t += int(rng.integers(0, 2))
+            length = int(rng.integers(0, 4))
+            rows.append((int(rng.integers(0, 2)), str(rng.choice(["comm", "idle"])), t, t + length,
+                         (None, "x")[int(rng.integers(0, 2))]))
+            t += length
+        segs = critical_path.Segments.of(*([r[k] for r in rows] for k in range(5)))
+        merged: list[tuple[Any, ...]] = []
+        for r in rows:
+            if r[3] <= r[2]:
+                continue
+            p = merged[-1] if merged else None
+            if p is not None and (p[0], p[1], p[4]) == (r[0], r[1], r[4]) and p[3] == r[2]:
+                merged[-1] = (p[0], p[1], p[2], r[3], p[4])
+            else:
+                merged.append(r)
+        assert _as_rows(critical_path._merge(segs)) == merged
+        runs = [r for r in rows if r[3] > r[2]]
+        a = int(rng.integers(-2, t + 2))
+        b = a + int(rng.integers(0, 10))
+        clipped = []
+        for r in reversed(runs):
+            if r[3] <= a:
+                break
+            if r[2] < b:
+                clipped.append((r[0], r[1], max(r[2], a), min(r[3], b), r[4]))
+        got = critical_path._clipped(critical_path.Segments.of(*([r[k] for r in runs] for k in range(5))), a, b)
+        assert _as_rows(got) == clipped[::-1]
