@@ -40,6 +40,10 @@ class SecondHalf:
 
     def __init__(self, parse: Parse) -> None:
         self.parse = parse
+        # Imported here so the child inherits it: pyarrow imports numpy.ma lazily at its first
+        # conversion of a NumPy array, which both processes make at once after the fork (10 ms each).
+        import numpy.ma  # noqa: F401
+
         self.dir = tempfile.mkdtemp(prefix="diag-half-", dir=scratch_dir())
         parent = os.getpid()
         try:

@@ -19,13 +19,12 @@ import tempfile
 from collections.abc import Callable, Generator
 from contextlib import closing
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from diag import store
 from diag.errors import BadInput, printable
@@ -43,6 +42,9 @@ from diag.ingest.ranks import assign_by_process
 from diag.ingest.sniff import AMBIGUOUS, trace_format
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
 from diag.lifetime import run_dir
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 # Below this much input, starting worker processes (each imports pyarrow, msgspec, numpy: ~1 s)
 # costs more than it saves.
@@ -297,6 +299,8 @@ class _ParquetSpill:
         """The tables carry their rows' ranks; the parent splits the file when it loads them."""
 
     def add(self, tables: dict[str, pa.Table]) -> None:
+        import pyarrow.parquet as pq  # here, not at the top: only parse workers spill (11 ms of imports)
+
         for name, t in tables.items():
             if t.num_rows:
                 if name not in self.writers:
@@ -571,6 +575,8 @@ def _in_workers(
 ) -> Generator[tuple[str, Outcome], None, None]:
     """Parse on `jobs` workers of `opts.executor` (Ray: the cluster's CPUs unless --jobs says),
     at most two files per worker in flight (bounded spill)."""
+    import pyarrow.parquet as pq  # only this path reads spills back (as _ParquetSpill.add)
+
     with make_executor(opts.executor, opts.jobs if opts.executor == "ray" else jobs) as ex:
         calls = ((f, known, opts, f in explicit, before.get(printable(f))) for f in files)
         for path, res in zip(files, ex.imap(_spill_file, calls), strict=True):
