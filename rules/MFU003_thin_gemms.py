@@ -91,9 +91,11 @@ class ThinGemms(Rule[Params]):
         thin: list[int] = []
         shapes: list[ThinShape] = []
         healthy: list[float] = []
-        names, moved = tl.name, tl.bytes_moved
-        for i, mnk in enumerate(tl.gemm_mnk):
-            if tl.kclass[i] != "gemm" or mnk is None or tl.flops[i] <= 0:
+        names, moved, shapes_of = tl.name, tl.bytes_moved, tl.gemm_mnk
+        # The GEMMs picked in whole arrays, not by a test per activity (NaN FLOPs stay in, as before).
+        for i in np.flatnonzero((tl.kclass == "gemm") & ~(tl.flops <= 0)).tolist():
+            mnk = shapes_of[i]
+            if mnk is None:
                 continue
             f = gemm_shape.fit(mnk, float(tl.flops[i]), moved[i], names[i] or "", part, tl.dtype[i])
             if f.thin:

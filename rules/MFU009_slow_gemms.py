@@ -114,13 +114,15 @@ class SlowGemms(Rule[Params]):
         idx: list[int] = []
         cls: list[int] = []
         names, moved, stream = tl.name, tl.bytes_moved, tl.stream
+        # Python lists, not NumPy scalars, for the walk over every activity (a third of its time).
+        kernel, kclass, flops, step_of = tl.kernel.tolist(), tl.kclass.tolist(), tl.flops.tolist(), tl.step_of.tolist()
         last_on_stream: dict[object, int] = {}
         for i in range(len(tl)):
             prev = last_on_stream.get(stream[i])
-            if tl.kernel[i]:
+            if kernel[i]:
                 last_on_stream[stream[i]] = i
-            kind = tl.kclass[i]
-            if kind not in ("gemm", "attention") or tl.flops[i] <= 0 or tl.step_of[i] < 0:
+            kind = kclass[i]
+            if kind not in ("gemm", "attention") or flops[i] <= 0 or step_of[i] < 0:
                 continue
             mnk = tl.gemm_mnk[i]
             if kind == "gemm" and mnk is not None and part is not None and \

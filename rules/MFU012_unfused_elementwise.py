@@ -85,10 +85,12 @@ class UnfusedElementwise(Rule[Params]):
         gain_by_step: dict[tuple[int, int], float] = defaultdict(float)
         names, stream, moved = tl.name, tl.stream, tl.bytes_moved
         open_: dict[object, list[int]] = defaultdict(list)   # stream → the chain being built
+        # Python lists, not NumPy scalars, for the walk over every compute kernel.
+        kclass, ts, end, step_of = tl.kclass.tolist(), tl.ts_ns.tolist(), tl.end_ns.tolist(), tl.step_of.tolist()
 
         def close(run: list[int]) -> None:
             if len(run) >= self.params.min_chain:
-                dur = [float(tl.end_ns[i] - tl.ts_ns[i]) * 1e-9 for i in run]
+                dur = [float(end[i] - ts[i]) * 1e-9 for i in run]
                 nbytes, fused, gain = chain_gain(dur, [moved[i] for i in run])
                 row = chains[tuple(names[i] or "?" for i in run)]
                 row.count += 1
@@ -96,15 +98,15 @@ class UnfusedElementwise(Rule[Params]):
                 row.bytes += nbytes
                 row.fused_bytes += fused
                 row.gain_s += gain
-                gain_by_step[(tl.file_id, int(tl.step_of[run[0]]))] += gain
+                gain_by_step[(tl.file_id, step_of[run[0]])] += gain
                 if len(row.evidence) < 3:
                     row.evidence.append(f"act:{tl.file_id}:{run[0]}")
             run.clear()
 
         for i in compute.tolist():
             run = open_[stream[i]]
-            short = tl.kclass[i] == "other" and tl.end_ns[i] - tl.ts_ns[i] < short_ns
-            if short and (not run or tl.step_of[run[-1]] == tl.step_of[i]):
+            short = kclass[i] == "other" and end[i] - ts[i] < short_ns
+            if short and (not run or step_of[run[-1]] == step_of[i]):
                 run.append(i)
             else:
                 close(run)
