@@ -10,7 +10,6 @@ the option and the value, exit 2, before any work starts.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from typing import NoReturn
 
 from diag import __version__, commands
 from diag.arrow_memory import use_system_allocator
+from diag.batch import collect_seldom, exit_now
 from diag.capture import add_capture_arguments, run_capture_command
 from diag.errors import BadInput, ExitCode
 from diag.example import add_example_arguments, run_example_command
@@ -207,22 +207,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The `diag` command; `argv` None means this process is the command (the console script,
     `python -m diag.cli`), which then runs without pandas (diag/no_pandas.py: 0.16–0.3 s of each
     run's CPU), unless on Ray, which has uses of its own for it, with Arrow's memory from the
-    system allocator (diag/arrow_memory.py), and, for the batch commands, collects garbage less
-    often and ends as soon as its output is out (_exit_now). Called with a list, as from a program
-    or a test, it leaves that program's imports, allocator, collector and exit alone."""
+    system allocator (diag/arrow_memory.py), and, for the batch commands, collects garbage
+    seldom and ends as soon as its output is out (diag/batch.py). Called with a list, as from a
+    program or a test, it leaves that program's imports, allocator, collector and exit alone."""
     args = build_parser().parse_args(argv)
     if argv is None:
         use_system_allocator()
     if argv is None and getattr(args, "executor", "local") != "ray":
         keep_pandas_out()
     if argv is None and args.handler in _BATCH:
-        # The collector's first generation at 50,000 new objects, not 700 (mypy sets 200,000): a run
-        # makes millions of short-lived ones, scanned by 125 collections (0.06 s of the 35 MB
-        # control trace's analyze) where one now does (0.015 s). A cycle waits longer to be freed.
-        gc.set_threshold(50_000, *gc.get_threshold()[1:])
+        collect_seldom()
     code = _run(args)
     if argv is None and args.handler in _BATCH:
-        _exit_now(code)
+        exit_now(code)
     return code
 
 
@@ -242,23 +239,10 @@ def _run(args: argparse.Namespace) -> int:
         return ExitCode.INTERNAL
 
 
-# Commands whose work is all done when their handler returns: the store closed, the output written,
-# every worker, child and thread ended (each in a `with`). What is left is the interpreter taking
-# down its modules and freeing every object one by one: 0.05 s of the 1.2 s `diag analyze` of the
-# 35 MB control trace. Not the UIs (Textual restores the terminal on its own way out) nor capture
-# and example, which run the user's code and its exit hooks (the profiler flushes its trace).
+# Commands whose work is all done when their handler returns (batch.exit_now). Not the UIs
+# (Textual restores the terminal on its own way out) nor capture and example, which run the user's
+# code and its exit hooks (the profiler flushes its trace).
 _BATCH = frozenset({commands.run_ingest, commands.run_analyze, commands.run_export, commands.run_gate})
-
-
-def _exit_now(code: int) -> None:
-    """End the process with `code` once stdout and stderr are flushed; if they cannot be (a closed
-    pipe), return, and the interpreter's own exit deals with it as it would have."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except OSError:
-        return
-    os._exit(code)
 
 
 if __name__ == "__main__":
