@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
+from diag import gemm_shape
 from diag.clocks import ClockOffset
 from diag.collectives import Matched
 from diag.digest import RankDigest
@@ -56,6 +59,23 @@ class RankContext:
     def idle_gaps(self) -> IdleGaps:
         """The GPU's idle gaps in this rank's steps: MFU010 and MFU013 both read them, built once."""
         return idle_gaps(self.tl)
+
+    @cached_property
+    def gemm_fits(self) -> dict[int, gemm_shape.ShapeFit]:
+        """Each GEMM's shape on the part (gemm_shape.fit), by activity index, for the GEMMs with a
+        shape and FLOPs (NaN kept), in order; none where the part is unknown. MFU003 judges thin
+        shapes by it and MFU009 leaves those out: worked out once, not twice (4.8k GEMMs a rank of
+        the control trace)."""
+        tl, part = self.tl, self.part
+        if part is None:
+            return {}
+        names, moved, shapes, dtypes = tl.name, tl.bytes_moved, tl.gemm_mnk, tl.dtype
+        fits = {}
+        for i in np.flatnonzero((tl.kclass == "gemm") & ~(tl.flops <= 0)).tolist():
+            mnk = shapes[i]
+            if mnk is not None:
+                fits[i] = gemm_shape.fit(mnk, float(tl.flops[i]), moved[i], names[i] or "", part, dtypes[i])
+        return fits
 
 
 @dataclass(frozen=True)

@@ -91,13 +91,9 @@ class ThinGemms(Rule[Params]):
         thin: list[int] = []
         shapes: list[ThinShape] = []
         healthy: list[float] = []
-        names, moved, shapes_of = tl.name, tl.bytes_moved, tl.gemm_mnk
-        # The GEMMs picked in whole arrays, not by a test per activity (NaN FLOPs stay in, as before).
-        for i in np.flatnonzero((tl.kclass == "gemm") & ~(tl.flops <= 0)).tolist():
-            mnk = shapes_of[i]
-            if mnk is None:
-                continue
-            f = gemm_shape.fit(mnk, float(tl.flops[i]), moved[i], names[i] or "", part, tl.dtype[i])
+        for i, f in ctx.gemm_fits.items():
+            mnk = tl.gemm_mnk[i]
+            assert mnk is not None   # gemm_fits holds the GEMMs with a shape
             if f.thin:
                 thin.append(i)
                 shapes.append(ThinShape(*mnk, f.tiles, f.sms, f.intensity, f.ridge,

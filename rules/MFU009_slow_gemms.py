@@ -108,7 +108,7 @@ class SlowGemms(Rule[Params]):
     Params = Params
 
     def digest(self, ctx: RankContext) -> SlowGemmDigest | None:
-        tl, part = ctx.tl, ctx.part
+        tl = ctx.tl
         classes: dict[tuple[object, ...], int] = {}
         rows: list[ShapeClass] = []
         idx: list[int] = []
@@ -116,6 +116,7 @@ class SlowGemms(Rule[Params]):
         names, moved, stream = tl.name, tl.bytes_moved, tl.stream
         # Python lists, not NumPy scalars, for the walk over every activity (a third of its time).
         kernel, kclass, flops, step_of = tl.kernel.tolist(), tl.kclass.tolist(), tl.flops.tolist(), tl.step_of.tolist()
+        fits = ctx.gemm_fits
         last_on_stream: dict[object, int] = {}
         for i in range(len(tl)):
             prev = last_on_stream.get(stream[i])
@@ -125,8 +126,7 @@ class SlowGemms(Rule[Params]):
             if kind not in ("gemm", "attention") or flops[i] <= 0 or step_of[i] < 0:
                 continue
             mnk = tl.gemm_mnk[i]
-            if kind == "gemm" and mnk is not None and part is not None and \
-                    gemm_shape.fit(mnk, float(tl.flops[i]), moved[i], names[i] or "", part, tl.dtype[i]).thin:
+            if kind == "gemm" and (fit := fits.get(i)) is not None and fit.thin:
                 continue   # MFU003's
             sc = ShapeClass(kind, tl.op_name[i], mnk, tl.dtype[i], names[i] or "")
             j = classes.setdefault(sc.key, len(rows))
