@@ -1,5 +1,5 @@
-"""Reading a trace file's bytes safely: gzip with a cap on the decompressed size counted before
-anything is kept, a content hash, and no mapping of the file that could fault.
+"""Reading a trace file's bytes safely: gzip with a cap on the decompressed size (no more than the
+cap is ever held), a content hash, and no mapping of the file that could fault.
 
 A file is read (or inflated) into this process's own memory, never memory-mapped: a mapped file
 cut short while it is read (a job still writing it, a disk cleaner) raises SIGBUS on the next page,
