@@ -30,6 +30,7 @@ from diag import kernels, store
 from diag.analysis import RunContext
 from diag.collectives import Matched
 from diag.digest import RankDigest
+from diag.nesting import overlapped
 from diag.timeline import numpy_of
 
 KINDS = ("compute", "comm", "wait", "copy", "idle", "host")
@@ -334,16 +335,13 @@ def _in_loader(pieces: Segments, split: npt.NDArray[np.bool_], ds: I64, de: I64)
     inside as host ('dataloader'); the rest as they are. Only the pieces a span overlaps are cut."""
     if not len(ds):
         return pieces
-    spans = sorted(zip(ds.tolist(), de.tolist(), strict=True))
-    starts = np.array([a for a, _ in spans], np.int64)
-    ends_so_far = np.maximum.accumulate(np.array([b for _, b in spans], np.int64))
-    below = np.searchsorted(starts, pieces.end_ns, side="left")   # the spans starting before it ends
-    overlapped = split & (below > 0) & (ends_so_far[np.maximum(below - 1, 0)] > pieces.start_ns)
-    if not overlapped.any():
+    cut_here = split & overlapped(ds, de, pieces.start_ns, pieces.end_ns)
+    if not cut_here.any():
         return pieces
+    spans = sorted(zip(ds.tolist(), de.tolist(), strict=True))
     parts: list[Segments] = []
     at = 0
-    for k in np.flatnonzero(overlapped).tolist():
+    for k in np.flatnonzero(cut_here).tolist():
         parts.append(pieces.rows(slice(at, k)))
         a, b, rank, kind, what = (int(pieces.start_ns[k]), int(pieces.end_ns[k]), int(pieces.rank[k]),
                                   str(pieces.kind[k]), pieces.what[k])
