@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from diag import gemm_shape
@@ -19,8 +20,7 @@ from diag.states import IdleGaps, StepStates, idle_gaps
 from diag.timeline import RankTimeline
 
 
-@dataclass(frozen=True)
-class Peak:
+class Peak(msgspec.Struct, frozen=True):
     """The denominator: dense peak of the part and dtype the GEMMs ran in."""
 
     tflops: float | None          # None: unknown part and no --peak-tflops
@@ -32,7 +32,7 @@ class Peak:
     hbm_gbps: float | None
     nvlink_gbps: float | None
     # dtype → share of matmul FLOPs; `tflops` is their effective peak (diag/dtype_mix.py)
-    dtype_mix: Mapping[str, float] = field(default_factory=dict)
+    dtype_mix: Mapping[str, float] = msgspec.field(default_factory=dict)
     bf16_tflops: float | None = None  # the part's bf16 dense peak, for mfu_bf16 when the mix is not all bf16
 
     @property
@@ -47,6 +47,8 @@ class Peak:
         return mfu * self.tflops / self.bf16_tflops
 
 
+# A dataclass where the other records are msgspec Structs: its cached properties need an instance
+# __dict__, and a Struct's (dict=True) crashed the garbage collector in a test run on CPython 3.11.
 @dataclass(frozen=True)
 class RankContext:
     """What a rule sees of one rank in the map step, before its timeline is dropped."""
@@ -78,8 +80,7 @@ class RankContext:
         return fits
 
 
-@dataclass(frozen=True)
-class StepContext:
+class StepContext(msgspec.Struct, frozen=True):
     rank: RankDigest
     index: int                    # into rank.steps
     states: StepStates
@@ -90,8 +91,9 @@ class StepContext:
         return self.rank.rules.get(code)
 
 
-@dataclass(frozen=True)
-class Finding:
+class _Positional(msgspec.Struct, frozen=True):
+    """A Finding's positional fields: msgspec makes fields keyword-only by class, not one by one."""
+
     code: str
     slug: str
     severity: str                 # high | medium | low | info
@@ -103,15 +105,18 @@ class Finding:
     advice: str
     summary: str                  # one line: what was found, with the numbers
     what_if_mfu: float | None     # the MFU if this cause were removed
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Finding(_Positional, frozen=True, kw_only=True):
     # The ledger bucket this finding explains (None: not a time bucket, as MFU007's denominator).
-    bucket: str | None = field(kw_only=True)
+    bucket: str | None
     # Of step time, the part a fix can plausibly win: all of an exposed collective; for GEMMs only
     # the gap to what their shape can reach on this part. Findings are ranked by it.
-    recoverable_fraction: float = field(kw_only=True)
+    recoverable_fraction: float
     # The bucket-removal estimate (RunContext.what_if), kept beside a what_if_mfu re-timed on the
     # critical path's graph (diag/what_if.py); equal where no re-timed what-if is built.
-    what_if_mfu_naive: float | None = field(default=None, kw_only=True)
+    what_if_mfu_naive: float | None = None
 
     @property
     def mfu_points(self) -> float:
@@ -124,8 +129,7 @@ class Finding:
         return self.recoverable_fraction * 100
 
 
-@dataclass
-class RunContext:
+class RunContext(msgspec.Struct):
     ranks: list[RankDigest]                      # one per trace file (rank and capture window)
     ledgers: list[StepLedger]
     states: dict[tuple[int, int], StepStates]     # (file_id, step index) → states
@@ -136,9 +140,9 @@ class RunContext:
     hfu: float | None
     world_size: int
     exposed_ns: dict[tuple[int, int], int]       # (file_id, activity index) → comm time with no compute beside it, less the wait for the last rank
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
     workload: str = "training"                   # "training" | "inference" (no backward pass anywhere)
-    steps_excluded: list[tuple[int, int, str]] = field(default_factory=list)   # (rank, step, why): not in the means
+    steps_excluded: list[tuple[int, int, str]] = msgspec.field(default_factory=list)   # (rank, step, why): not in the means
 
     @property
     def inference(self) -> bool:

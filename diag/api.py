@@ -6,11 +6,12 @@ import re
 import sys
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
+import msgspec
+from msgspec.structs import replace
 
 from diag import store
 from diag.digest import RankDigest
@@ -36,12 +37,11 @@ def is_duckdb_file(path: str | Path) -> bool:
     return head[8:12] == _DUCKDB_MAGIC
 
 
-@dataclass
-class Opened:
+class Opened(msgspec.Struct):
     con: duckdb.DuckDBPyConnection
-    errors: list[BadInput] = field(default_factory=list)   # files left out
+    errors: list[BadInput] = msgspec.field(default_factory=list)   # files left out
     model_file: str | None = None      # model.toml found beside the traces
-    warnings: list[str] = field(default_factory=list)   # for the user whatever the command
+    warnings: list[str] = msgspec.field(default_factory=list)   # for the user whatever the command
 
 
 # discover.py's names, as a user would type them.

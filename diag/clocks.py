@@ -27,7 +27,8 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from diag.collectives import Call, Matched
 
@@ -39,8 +40,7 @@ INCONSISTENT_NS = 50_000
 _FLOOR_NS = 1_000
 
 
-@dataclass(frozen=True)
-class ClockOffset:
+class ClockOffset(msgspec.Struct, frozen=True):
     rank: int
     offset_ns: int
     n_matches: int             # estimates on the pair that linked this rank into the tree
@@ -51,8 +51,7 @@ class ClockOffset:
     n_estimates: int = 0       # how many estimates involve this rank
 
 
-@dataclass(frozen=True)
-class _Pair:
+class _Pair(msgspec.Struct, frozen=True):
     estimates_ns: list[int]    # end_a − end_b, one per shared instance
     senders: list[int | None]  # per estimate: the sending rank of a send/recv pair, None for a collective
     median_ns: int

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 
 import duckdb
+import msgspec
 import numpy as np
 
 from diag.links import bus_factor, normalize_collective
@@ -30,8 +30,7 @@ _DTYPE_BYTES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(msgspec.Struct, frozen=True):
     """One collective call on one rank."""
 
     rank: int
@@ -53,8 +52,7 @@ class Call:
     peer: int | None = None        # the other side's global rank, for point-to-point
 
 
-@dataclass(frozen=True, slots=True)
-class Matched:
+class Matched(msgspec.Struct, frozen=True):
     call: Call
     ordinal: int
     instance: str

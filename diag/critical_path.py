@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -43,8 +43,7 @@ I64 = npt.NDArray[np.int64]
 Objects = npt.NDArray[np.object_]
 
 
-@dataclass(frozen=True)
-class Segments:
+class Segments(msgspec.Struct, frozen=True):
     """Segments as columns, one row each (a step of a large run crosses tens of thousands of state
     runs: the control trace's 6 steps 19k, merged into 12k segments, which cost 0.1 s of its
     analyze as one Python object each). Times are on the aligned clock (clock_offsets)."""
@@ -88,8 +87,7 @@ def _objects(values: Any, n: int) -> Objects:
     return out
 
 
-@dataclass(frozen=True)
-class StepPath:
+class StepPath(msgspec.Struct, frozen=True):
     step: int
     segments: Segments     # in time order, merged, all of them (the store keeps them all)
 
@@ -116,8 +114,7 @@ def _sums(keys: npt.NDArray[Any], lengths: I64, divisor: int) -> dict[str, float
     return {str(uniq[u]): sum(parts[groups[u]].tolist()) for u in np.argsort(first, kind="stable").tolist()}
 
 
-@dataclass(frozen=True, slots=True)
-class _Join:
+class _Join(msgspec.Struct, frozen=True):
     wait_start_ns: int   # aligned: this rank is in the call, the other not yet
     arrive_ns: int       # aligned: the other rank arrived (the wait ends)
     to_file: int | None  # the late rank's trace file (None: not in the traces)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -28,8 +28,7 @@ from diag.timeline import MATMUL_CLASSES, RankTimeline, Steps, numpy_of
 TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm", re.IGNORECASE)
 
 
-@dataclass
-class RankDigest:
+class RankDigest(msgspec.Struct):
     file_id: int
     rank: int
     capture_window: int
@@ -48,12 +47,12 @@ class RankDigest:
     matmul_name_dtype_ns: dict[str, int]  # GEMM/attention kernel time by the dtype its name says ("": none)
     kernel_ns: int                      # all SM kernel time
     unknown_kernel_ns: dict[str, int]   # kernel names no row of kernels.toml names → their time
-    rules: dict[str, Any] = field(default_factory=dict)   # rule code → that rule's per-rank digest
+    rules: dict[str, Any] = msgspec.field(default_factory=dict)   # rule code → that rule's per-rank digest
     backward_pass: bool = True          # RankTimeline.backward_pass: this rank trains
     graph_kernel_ns: int = 0            # the part of kernel_ns a CUDA/HIP graph launch ran
     graph_launches: int = 0             # graph launch calls behind them
     # The data loader's CPU spans (own clock): the critical path calls idle time under them `host`.
-    dataloader_spans: tuple[I64, I64] = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    dataloader_spans: tuple[I64, I64] = msgspec.field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
 
 
 def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:

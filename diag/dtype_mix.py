@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 from diag import hardware
 from diag.digest import RankDigest
@@ -34,8 +35,7 @@ from diag.digest import RankDigest
 NEGLIGIBLE_SHARE = 0.01
 
 
-@dataclass(frozen=True)
-class DtypeMix:
+class DtypeMix(msgspec.Struct, frozen=True):
     shares: Mapping[str, float]  # dtype → share of matmul FLOPs, summing to 1
     basis: str                   # how the shares were found, for the peak's source line ("" from shapes)
 

@@ -7,12 +7,13 @@ import statistics
 from collections import defaultdict
 from collections.abc import Generator, Iterator
 from contextlib import closing, contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
+import msgspec
 import numpy as np
 import pyarrow as pa
+from msgspec.structs import replace
 
 from diag import dtype_mix, hardware, kernels, rank_map, store, tables
 from diag import model as model_mod
@@ -36,8 +37,7 @@ from rules import RULES
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class AnalyzeOptions:
+class AnalyzeOptions(msgspec.Struct, frozen=True):
     model: str | None = None          # preset name or TOML path
     gpu: str | None = None            # hardware part key
     peak_tflops: float | None = None  # override (checked against "with sparsity" figures)
@@ -45,13 +45,12 @@ class AnalyzeOptions:
     all_steps: bool = False           # keep warm-up and teardown steps in the means (diag/step_outliers.py)
 
 
-@dataclass
-class Analysis:
+class Analysis(msgspec.Struct):
     run: RunContext
     findings: list[Finding]
     model: model_mod.ModelSpec | None
     flops_source: str                 # how model FLOPs were obtained, one line
-    critical_path: list[StepPath] = field(default_factory=list)   # per step number (critical_path.py)
+    critical_path: list[StepPath] = msgspec.field(default_factory=list)   # per step number (critical_path.py)
 
 
 WRITE_FILES = 64

@@ -36,9 +36,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
+
+import msgspec
+from msgspec.structs import replace
 
 from diag.hardware import dtype_from_trace
 
@@ -48,8 +50,7 @@ OpKind = Literal["gemm", "attention", "conv"]
 _ELEMENT_BYTES = {"fp64": 8.0, "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
 
 
-@dataclass(frozen=True)
-class OpFlops:
+class OpFlops(msgspec.Struct, frozen=True):
     flops: float
     kind: OpKind
     m_n_k: tuple[int, int, int] | None  # GEMM rows, cols, inner dim (per batch); None for attention/conv
@@ -61,8 +62,7 @@ class OpFlops:
 Shape = tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class _Args:
+class _Args(msgspec.Struct, frozen=True):
     """One op's recorded arguments, read defensively."""
 
     dims: Sequence[Any]
@@ -259,8 +259,7 @@ def _attention(
 # --- convolution -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _ConvLayout:
+class _ConvLayout(msgspec.Struct, frozen=True):
     """Where an op keeps stride, padding, dilation and `transposed` (an index, or a constant)."""
 
     stride: int | None

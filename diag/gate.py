@@ -14,7 +14,6 @@ import math
 import statistics
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,16 +51,15 @@ Verdict = Literal["pass", "better", "noise", "fail", "skip"]
 
 # ---------------------------------------------------------------------------------------- budget
 
-@dataclass(frozen=True)
-class Budget:
+class Budget(msgspec.Struct, frozen=True):
     mfu_max_drop_points: float = DEFAULT_MFU_DROP_POINTS
     # Per bucket, the largest change for the worse: growth, or for model_compute a drop.
-    bucket_max_worse_points: Mapping[str, float] = field(
+    bucket_max_worse_points: Mapping[str, float] = msgspec.field(
         default_factory=lambda: dict.fromkeys(BUCKETS, DEFAULT_BUCKET_GROWTH_POINTS))
     noise_k: float = DEFAULT_NOISE_K
     noise_min_steps: int = DEFAULT_NOISE_MIN_STEPS
     # Per rule code, the severity at which a new finding fails the gate (None: never).
-    rule_fail_at: Mapping[str, str | None] = field(
+    rule_fail_at: Mapping[str, str | None] = msgspec.field(
         default_factory=lambda: {r.code: DEFAULT_FAIL_AT for r in RULES})
 
 
@@ -166,8 +164,7 @@ class ReportView(msgspec.Struct, frozen=True):
     step_time_s: float | None = None
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(msgspec.Struct, frozen=True):
     path: str          # as the user gave it: every message names it
     report: ReportView
 
@@ -312,8 +309,7 @@ def _device_name(d: ReportDevice) -> str:
 
 # --------------------------------------------------------------------------------------- compare
 
-@dataclass(frozen=True)
-class MetricCheck:
+class MetricCheck(msgspec.Struct, frozen=True):
     """MFU or one ledger bucket, in points (percent of step time at the dense peak)."""
 
     name: str                       # "mfu" or a bucket
@@ -335,8 +331,7 @@ class MetricCheck:
         return max(self.budget_points, self.noise_points or 0.0)
 
 
-@dataclass(frozen=True)
-class RuleCheck:
+class RuleCheck(msgspec.Struct, frozen=True):
     code: str
     slug: str
     baseline_severity: str | None   # None: no finding
@@ -350,8 +345,7 @@ class RuleCheck:
     advice: str
 
 
-@dataclass(frozen=True)
-class GateResult:
+class GateResult(msgspec.Struct, frozen=True):
     baseline: Run
     current: Run
     budget: Budget

@@ -14,16 +14,16 @@ import functools
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
+
+import msgspec
 
 from diag import hardware
 from diag.digest import TF32_KERNEL
 
 
-@dataclass(frozen=True)
-class Ceiling:
+class Ceiling(msgspec.Struct, frozen=True):
     """Per part: the fraction of the dense peak the best kernels reach, and its usual GEMM tile."""
 
     part: str
@@ -78,8 +78,7 @@ def intensity(flops: float, nbytes: float | None) -> float | None:
     return flops / nbytes if nbytes else None
 
 
-@dataclass(frozen=True)
-class ShapeFit:
+class ShapeFit(msgspec.Struct, frozen=True):
     """How one GEMM's shape fits the part."""
 
     tiles: int | None            # output tiles (None: no tile known)

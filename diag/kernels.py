@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
 from importlib import resources
 from typing import Any
+
+import msgspec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,8 +60,7 @@ class KernelClass(str, Enum):
         return self.value
 
 
-@dataclass(frozen=True)
-class KernelPattern:
+class KernelPattern(msgspec.Struct, frozen=True):
     """One [[kernel]] row of data/kernels.toml."""
 
     kernel_class: KernelClass
@@ -70,8 +70,7 @@ class KernelPattern:
     collective: str | None = None  # what a communication kernel of this name runs, when fixed
 
 
-@dataclass(frozen=True)
-class DtypePattern:
+class DtypePattern(msgspec.Struct, frozen=True):
     """One [[gemm_dtype]] row of data/kernels.toml: the dtype a matmul kernel's name says."""
 
     dtype: str

@@ -8,7 +8,7 @@ claims falls to the residual bucket of its pool. docs/ledger.md is the arithmeti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 from diag.states import StepStates
 
@@ -26,14 +26,13 @@ RESIDUAL = {
 }
 
 
-@dataclass
-class StepLedger:
+class StepLedger(msgspec.Struct):
     rank: int
     step: int
     window_s: float
     pools: dict[str, float]
-    buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
-    refused_s: dict[str, float] = field(default_factory=dict)   # what claims asked for beyond the pools
+    buckets: dict[str, float] = msgspec.field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    refused_s: dict[str, float] = msgspec.field(default_factory=dict)   # what claims asked for beyond the pools
     closed: bool = False
 
     @classmethod

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
+import msgspec
 
-@dataclass(frozen=True)
-class Link:
+
+class Link(msgspec.Struct, frozen=True):
     key: str
     name: str
     gbps: float  # GB/s per GPU, one direction
@@ -96,8 +96,7 @@ def ring_steps(collective: str, n: int) -> int:
     return n - 1
 
 
-@dataclass(frozen=True)
-class Reach:
+class Reach(msgspec.Struct, frozen=True):
     """What a collective of this size can do on a link, by the α-β model: T = α + volume / bandwidth."""
 
     latency_s: float      # α: NCCL_BASE_US + ring_steps × the link's step latency

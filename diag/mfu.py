@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+
+import msgspec
 
 from diag import hardware
 from diag.errors import BadInput, ExitCode
@@ -26,8 +27,7 @@ from diag.model import ModelSpec, flops_per_token, load_model
 from diag.option_types import positive_float, positive_int
 
 
-@dataclass(frozen=True)
-class MfuResult:
+class MfuResult(msgspec.Struct, frozen=True):
     mfu: float  # fraction of the dense peak, 0..1
     tokens_per_s: float | None  # global, all GPUs; None when FLOPs per token are unknown
     peak_tflops: float  # dense peak per GPU

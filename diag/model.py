@@ -17,9 +17,10 @@ Recomputation in Large Transformer Models"): full recomputation runs each layer'
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+import msgspec
 
 from diag.errors import BadInput
 
@@ -31,8 +32,7 @@ else:  # pragma: no cover - pyproject's `tomli; python_version < '3.11'`
 Recompute = Literal["none", "selective", "full"]
 
 
-@dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(msgspec.Struct, frozen=True):
     params: float  # N, non-embedding parameters
     layers: int  # L; layers = heads = head_dim = seq_len = 0 leaves out the attention term
     heads: int  # H, query heads

@@ -13,11 +13,11 @@ import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import duckdb
+import msgspec
 import numpy as np
 
 from diag import store
@@ -41,8 +41,7 @@ WAIT_FLOW_ID0 = 1 << 52
 ROWS_PER_FETCH = 50_000
 
 
-@dataclass(frozen=True)
-class Cut:
+class Cut(msgspec.Struct, frozen=True):
     """What to export: None means all."""
 
     ranks: frozenset[int] | None = None

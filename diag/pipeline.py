@@ -21,7 +21,8 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from diag.collectives import Call
 
@@ -31,8 +32,7 @@ GPIPE, ONE_F_ONE_B, INTERLEAVED, UNKNOWN = "gpipe", "1f1b", "interleaved", "unkn
 _ONE_F_ONE_B_IN_FLIGHT = 2
 
 
-@dataclass(frozen=True)
-class PipelineLayout:
+class PipelineLayout(msgspec.Struct, frozen=True):
     stages: int | None
     microbatches: int | None
     schedule: str                  # gpipe | 1f1b | interleaved | unknown

@@ -5,10 +5,10 @@ docs/ledger.md is the specification; each measure below names the bucket it feed
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
+import msgspec
 import numpy as np
 import numpy.typing as npt
+from msgspec.structs import replace
 
 from diag.sweep import Segments, sweep, window_index
 from diag.timeline import MATMUL_CLASSES, RankTimeline, numpy_of
@@ -17,8 +17,7 @@ I64 = npt.NDArray[np.int64]
 STATES = ("compute", "comm", "copy", "idle")
 
 
-@dataclass(frozen=True)
-class StepStates:
+class StepStates(msgspec.Struct, frozen=True):
     step: int
     window_ns: int
     compute_ns: int
@@ -38,8 +37,7 @@ class StepStates:
     fwd_flops: float
 
 
-@dataclass(frozen=True)
-class StateRuns:
+class StateRuns(msgspec.Struct, frozen=True):
     """Merged runs of one state, for drawing lanes: (step, start, end, state index into STATES)."""
 
     step: I64
@@ -48,8 +46,7 @@ class StateRuns:
     state: npt.NDArray[np.int8]
 
 
-@dataclass(frozen=True)
-class Waitable:
+class Waitable(msgspec.Struct, frozen=True):
     """The time a wait for a late rank can fall in: communication only, not point-to-point only
     (those are the bubble), as disjoint runs inside step windows. The waits come from matching
     across ranks (the reduce), so the map step keeps this, not the timeline."""
@@ -248,8 +245,7 @@ def union(s: I64, e: I64) -> tuple[I64, I64]:
     return s[starts], reach[ends]
 
 
-@dataclass(frozen=True)
-class IdleGaps:
+class IdleGaps(msgspec.Struct, frozen=True):
     """Each stretch of a step window with nothing running on the GPU, split as the ledger splits
     idle time: the part before the next activity's launch call returned (host_bound, less the data
     loader) and the rest (idle_other, less the data loader). MFU010 and MFU013 tell these apart by

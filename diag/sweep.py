@@ -10,16 +10,15 @@ counted once by construction. numpy throughout: one sort, one cumsum per kind.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
 
 
-@dataclass(frozen=True)
-class Segments:
+class Segments(msgspec.Struct, frozen=True):
     start_ns: I64
     end_ns: I64
     active: Mapping[str, I64]   # kind → number of intervals of that kind active in the segment

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -34,8 +35,7 @@ _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
 MATMUL_CLASSES = frozenset({str(kernels.KernelClass.GEMM), str(kernels.KernelClass.ATTENTION)})  # str: kclass holds str
 
 
-@dataclass
-class Steps:
+class Steps(msgspec.Struct):
     step: list[int]
     cpu_start_ns: list[int]
     cpu_end_ns: list[int]
@@ -45,12 +45,10 @@ class Steps:
     from_profiler_step: bool
     # Where the last CPU op (ProfilerStep spans aside) or GPU activity inside each window ends, at
     # least the window's start: after it the step is idle with nothing on either side.
-    busy_end_ns: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
+    busy_end_ns: I64 = msgspec.field(default_factory=lambda: np.zeros(0, np.int64))
 
 
-
-@dataclass(frozen=True)
-class HostMarks:
+class HostMarks(msgspec.Struct, frozen=True):
     """Host events that explain GPU idle time: calls that wait for the GPU (`sync`: stream/device/
     event synchronize, blocking cudaMemcpy, `.item()`'s aten::_local_scalar_dense), optimizer steps
     (`optimizer`) and the profiler's own work (`profiler`: Kineto's overhead events)."""
@@ -71,6 +69,8 @@ def _listed(column: str, strings: bool = False) -> functools.cached_property[lis
 
     return functools.cached_property(read)
 
+
+# A dataclass, as analysis.RankContext is: its column lists are cached properties.
 @dataclass
 class RankTimeline:
     """One rank's capture window: its GPU activities (sorted by start) and steps."""
@@ -128,8 +128,7 @@ _GEMM, _ATTENTION, _COMM, _COPY, _MEMSET, _OTHER = range(len(CLASSES))
 _CLASS_NAMES = np.array(CLASSES, dtype=object)
 
 
-@dataclass(frozen=True)
-class RankRows:
+class RankRows(msgspec.Struct, frozen=True):
     """One file's rows as the store gives them (Arrow), before any Python work: read apart from
     the build so that `load_ranks` reads the next file's while this one's timeline is built."""
 

@@ -20,11 +20,12 @@ import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
 from functools import cached_property
 
 import duckdb
+import msgspec
 import numpy as np
+from msgspec.structs import replace
 
 from diag.analysis import Finding, RunContext
 from diag.collectives import Call
@@ -36,8 +37,7 @@ from diag.timeline import read_batches
 QUEUED_NS = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class Saving:
+class Saving(msgspec.Struct, frozen=True):
     """[start, end) of one rank's step (aligned) runs `saved_ns` shorter, spread evenly over it."""
 
     start_ns: int
@@ -45,8 +45,7 @@ class Saving:
     saved_ns: float
 
 
-@dataclass(frozen=True, slots=True)
-class _Call:
+class _Call(msgspec.Struct, frozen=True):
     """One step's matched call, aligned, as the re-timer walks it."""
 
     file_id: int
@@ -56,8 +55,7 @@ class _Call:
     blocked_ns: int | None   # where the communication-only run holding its end began (Retimer.blocked)
 
 
-@dataclass
-class Change:
+class Change(msgspec.Struct):
     """What a cause shortens: per step number, per file, its savings (disjoint, any order); and
     per collective call (file, activity index), the transfer time it no longer holds its rank for.
     Point-to-point transfers are never hidden: their communication-only time is the bubble."""

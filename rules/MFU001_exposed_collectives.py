@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+
+import msgspec
 
 from diag.analysis import Finding, RunContext, StepContext, severity
 from diag.ledger import StepLedger
@@ -11,8 +12,7 @@ from diag.links import LINKS, Link, Reach, bus_factor, normalize_collective, rea
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     # Under 1% of the step, exposed communication is the unavoidable tail of the last bucket.
     min_fraction: float = 0.01
     top_groups: int = 12
@@ -128,8 +128,7 @@ class ExposedCollectives(Rule[Params]):
         return sorted(acc.values(), key=lambda g: -g.exposed_ms)
 
 
-@dataclass
-class _Group:
+class _Group(msgspec.Struct):
     pg: str
     pg_desc: str | None
     collective: str
@@ -138,10 +137,10 @@ class _Group:
     exposed_ms: float = 0.0       # over all ranks and steps: the transfer only, waits for late ranks taken out
     link: Link | None = None
     link_gbps: float | None = None  # the part's own NVLink figure, where known
-    sizes: list[int] = field(default_factory=list)
-    busbw: list[float] = field(default_factory=list)
-    reach: list[Reach] = field(default_factory=list)
-    instances: list[str] = field(default_factory=list)
+    sizes: list[int] = msgspec.field(default_factory=list)
+    busbw: list[float] = msgspec.field(default_factory=list)
+    reach: list[Reach] = msgspec.field(default_factory=list)
+    instances: list[str] = msgspec.field(default_factory=list)
 
     @property
     def msg_bytes(self) -> float | None:

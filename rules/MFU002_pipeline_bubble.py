@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from diag.analysis import Finding, RunContext, StepContext, severity
 from diag.ledger import StepLedger
@@ -10,8 +10,7 @@ from diag.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, UNKNOWN, detect_layou
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     # Below half a point of the step a bubble is noise from a stray send/recv, not a schedule.
     min_fraction: float = 0.005
 

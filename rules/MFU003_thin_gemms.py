@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -15,14 +15,12 @@ from diag.ledger import StepLedger
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
     top_shapes: int = 10
 
 
-@dataclass(frozen=True)
-class ThinShape:
+class ThinShape(msgspec.Struct, frozen=True):
     """Why one GEMM shape cannot fill the part."""
 
     m: int
@@ -43,8 +41,7 @@ class ThinShape:
         return " and ".join(parts)
 
 
-@dataclass(frozen=True)
-class ThinGemmDigest:
+class ThinGemmDigest(msgspec.Struct, frozen=True):
     """One rank's thin GEMMs (one entry each) and the rate of its other GEMMs."""
 
     file_id: int

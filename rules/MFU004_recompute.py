@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from diag.analysis import Finding, RankContext, RunContext, StepContext, severity
 from diag.ledger import StepLedger
@@ -12,8 +12,7 @@ from rules.base import Rule
 EVIDENCE = 20
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
     # Recomputing ≥ 80% of the forward FLOPs is full recomputation; less (typically only
     # attention, Korthikanti et al. 2022) is selective.

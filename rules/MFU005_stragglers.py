@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+
+import msgspec
 
 from diag.analysis import Finding, RunContext, StepContext, severity
 from diag.ledger import StepLedger
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
 
 

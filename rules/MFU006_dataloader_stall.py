@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from diag.analysis import Finding, RunContext, StepContext
 from diag.ledger import StepLedger
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     # Under 5% of the step a loader stall is fine; over 20% it is severe (the bands).
     fine_fraction: float = 0.05
     severe_fraction: float = 0.20

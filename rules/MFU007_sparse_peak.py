@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from diag import hardware
 from diag.analysis import Finding, RunContext
@@ -10,8 +10,7 @@ from diag.durations import percent
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     # A given peak within 0.5% of a datasheet "with sparsity" figure is that figure.
     tolerance: float = 0.005
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     # Memory-bound kernels (norms, elementwise, optimizer) should stream near HBM bandwidth;
     # under a quarter of it is "far below the roofline".
     min_bw_fraction: float = 0.25
@@ -24,8 +23,7 @@ class Params:
 EVIDENCE = 3
 
 
-@dataclass(frozen=True)
-class SlowKernelDigest:
+class SlowKernelDigest(msgspec.Struct, frozen=True):
     lost_by_step: dict[tuple[int, int], float]   # (file, step index) → s
     by_name: dict[str, list[float]]              # kernel name → count, s, lost s
     evidence: dict[str, list[str]]

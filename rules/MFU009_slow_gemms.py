@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -16,8 +16,7 @@ from diag.digest import TF32_KERNEL
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
     top_shapes: int = 8
 
@@ -29,8 +28,7 @@ _LAYOUT_OPS = frozenset({"aten::copy_", "aten::clone", "aten::contiguous"})
 EVIDENCE = 3
 
 
-@dataclass
-class ShapeClass:
+class ShapeClass(msgspec.Struct):
     """One GEMM/attention shape on one rank: what ran, and what about it a user can change."""
 
     kind: str                               # gemm | attention
@@ -42,16 +40,15 @@ class ShapeClass:
     time_s: float = 0.0
     flops: float = 0.0
     bytes: float = 0.0                      # 0: unknown
-    causes: set[str] = field(default_factory=set)
-    evidence: list[str] = field(default_factory=list)
+    causes: set[str] = msgspec.field(default_factory=set)
+    evidence: list[str] = msgspec.field(default_factory=list)
 
     @property
     def key(self) -> tuple[object, ...]:
         return (self.kind, self.op, self.mnk, self.dtype)
 
 
-@dataclass(frozen=True)
-class SlowGemmDigest:
+class SlowGemmDigest(msgspec.Struct, frozen=True):
     file_id: int
     classes: list[ShapeClass]
     cls: npt.NDArray[np.int64]              # per kernel: index into classes

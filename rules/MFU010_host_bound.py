@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
@@ -27,8 +27,7 @@ def _spread(values: np.ndarray, n: int) -> np.ndarray:
     return values[np.linspace(0, len(values) - 1, n).round().astype(np.int64)]
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
     # A kernel shorter than a launch call (~5-8 µs of cudaLaunchKernel) cannot be fed by eager
     # launches one after another: the 10 µs.
@@ -46,20 +45,19 @@ CAUSES = {
 }
 
 
-@dataclass
-class HostBoundDigest:
+class HostBoundDigest(msgspec.Struct):
     gap_ns: dict[str, int]                      # cause → host-bound gap time (shares of the bucket)
-    syncs: Counter[tuple[str, str, str]] = field(default_factory=Counter)   # (call, op, caller) → gaps after it
-    sync_ns: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    syncs: Counter[tuple[str, str, str]] = msgspec.field(default_factory=Counter)   # (call, op, caller) → gaps after it
+    sync_ns: Counter[tuple[str, str, str]] = msgspec.field(default_factory=Counter)
     launches: int = 0
     tiny: int = 0
     kernels: int = 0
     # CPU time per launch call (a sample, LAUNCH_SAMPLE): an array, 8 bytes a value where a list
     # of floats took 32, held for every rank until the findings
-    launch_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    between_steps_us: list[float] = field(default_factory=list)
+    launch_us: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0))
+    between_steps_us: list[float] = msgspec.field(default_factory=list)
     steps: int = 0
-    evidence: list[str] = field(default_factory=list)
+    evidence: list[str] = msgspec.field(default_factory=list)
 
 
 class HostBound(Rule[Params]):

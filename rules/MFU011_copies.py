@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
@@ -12,8 +12,7 @@ from diag.states import covered_ns, union
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
     top_copies: int = 8
 
@@ -21,13 +20,12 @@ class Params:
 EVIDENCE = 3
 
 
-@dataclass
-class CopyRow:
+class CopyRow(msgspec.Struct):
     count: int = 0
     bytes: float = 0.0
     time_s: float = 0.0
     alone_s: float = 0.0          # with no kernel running beside it
-    evidence: list[str] = field(default_factory=list)
+    evidence: list[str] = msgspec.field(default_factory=list)
 
 
 def advice_for(name: str) -> str | None:

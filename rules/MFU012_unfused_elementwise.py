@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
     # Two or more memory-bound kernels back to back between GEMMs can be one pass.
     min_chain: int = 2
@@ -21,8 +20,7 @@ class Params:
     top_chains: int = 8
 
 
-@dataclass
-class ChainRow:
+class ChainRow(msgspec.Struct):
     """One recurring chain (its kernel names in order) on one rank."""
 
     count: int = 0
@@ -30,11 +28,10 @@ class ChainRow:
     bytes: float = 0.0            # moved by the chain's kernels, where every one's is known
     fused_bytes: float = 0.0      # one fused pass: the largest kernel's bytes (read inputs, write outputs once)
     gain_s: float = 0.0
-    evidence: list[str] = field(default_factory=list)
+    evidence: list[str] = msgspec.field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class UnfusedDigest:
+class UnfusedDigest(msgspec.Struct, frozen=True):
     chains: dict[tuple[str, ...], ChainRow]
     gain_by_step: dict[tuple[int, int], float]     # (file, step index) → s a fused pass would save
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
@@ -12,8 +12,7 @@ from diag.nesting import overlapped
 from rules.base import Rule
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
     top_gaps: int = 10
 
@@ -27,10 +26,9 @@ CAUSES = {
 }
 
 
-@dataclass
-class IdleDigest:
+class IdleDigest(msgspec.Struct):
     gap_ns: dict[str, int]
-    largest: list[tuple[int, int, int, int]] = field(default_factory=list)   # (ns, rank, step, start_ns)
+    largest: list[tuple[int, int, int, int]] = msgspec.field(default_factory=list)   # (ns, rank, step, start_ns)
 
 
 class Idle(Rule[Params]):

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar, cast
+
+import msgspec
 
 from diag.analysis import Finding, RankContext, RunContext, StepContext
 from diag.ledger import StepLedger
 
 
-@dataclass(frozen=True)
-class NoParams:
+class NoParams(msgspec.Struct, frozen=True):
     pass
 
 

@@ -39,7 +39,7 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     # One microbatch: GPipe's bubble is (p-1)/(m+p-1) = 1/2 of each step, and each op is as big as in
     # the healthy run. (The default, four microbatches, makes every op 4× smaller, and on the host
     # timeline the interpreter's gaps between ops, idle_other, then grow by as much as the bubble.)
-    "pipeline": ({"pp": 2, "micro_batch": ExampleConfig.batch}, "MFU002"),
+    "pipeline": ({"pp": 2, "micro_batch": ExampleConfig().batch}, "MFU002"),
 }
 
 

@@ -4,8 +4,7 @@ checked against the generator's truth in test_cases.py."""
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import pytest
 
 from diag.collectives import Call
@@ -48,5 +47,5 @@ def test_untraced_end_stages_fall_back_to_the_group_size() -> None:
 
 
 def test_send_recv_without_a_peer_gives_no_layout() -> None:
-    calls = [dataclasses.replace(c, peer=None) for c in _transfers(0, 1, 4)]
+    calls = [msgspec.structs.replace(c, peer=None) for c in _transfers(0, 1, 4)]
     assert detect_layout(calls) is None

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -41,9 +42,10 @@ def assert_same(a: Any, b: Any, path: str) -> None:
         assert a.dtype == b.dtype and np.array_equal(a, b), path
     elif isinstance(a, pa.Table):
         assert a.equals(b), path
-    elif dataclasses.is_dataclass(a):
-        for f in dataclasses.fields(a):
-            assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif dataclasses.is_dataclass(a) or isinstance(a, msgspec.Struct):
+        names = [f.name for f in (dataclasses.fields(a) if dataclasses.is_dataclass(a) else msgspec.structs.fields(a))]
+        for name in names:
+            assert_same(getattr(a, name), getattr(b, name), f"{path}.{name}")
     elif isinstance(a, tuple):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]")

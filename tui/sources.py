@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 import duckdb
+import msgspec
 
 from diag import store
 from diag.api import Opened, analyze_opened, open_store
@@ -126,7 +127,7 @@ class Live:
         self.directory = directory
         self.opts = opts
         # Salvage only what stopped changing: a file still being written is not damaged, just unfinished.
-        self.ingest_opts = dataclasses.replace(ingest_opts, salvage=False)
+        self.ingest_opts = msgspec.structs.replace(ingest_opts, salvage=False)
         self.salvage = ingest_opts.salvage
         self.clock = clock
         self.settle_s = settle_s
@@ -154,7 +155,7 @@ class Live:
             changed = self._ingest(ready, self.ingest_opts, now) or changed
         stuck = [p for p, f in self._failed.items() if now - f.since_s >= self.settle_s]
         if self.salvage and stuck:
-            changed = self._ingest(stuck, dataclasses.replace(self.ingest_opts, salvage=True), now) or changed
+            changed = self._ingest(stuck, msgspec.structs.replace(self.ingest_opts, salvage=True), now) or changed
         if changed:
             self.generation += 1
             a, report = analyze_opened(self.store.con, self.opts, _model_beside(Path(self.directory)), self._errors,

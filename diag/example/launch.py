@@ -10,9 +10,11 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
+from msgspec.structs import asdict, fields
 
 from diag.capture import flight_recorder_env, prepare_out_dir
 from diag.errors import ExitCode, require
@@ -23,8 +25,7 @@ if TYPE_CHECKING:
 RECOMPUTE_CHOICES = ("none", "full", "selective")
 
 
-@dataclass(frozen=True)
-class ExampleConfig:
+class ExampleConfig(msgspec.Struct, frozen=True):
     """One run of the example job; the defaults make a run of a few seconds on 2 CPU cores."""
 
     steps: int = 4

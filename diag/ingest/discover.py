@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from diag.errors import BadInput
 
@@ -37,8 +38,7 @@ _TENSORBOARD_NAME = re.compile(r"^(?P<worker>.+)\.(?P<time_ns>\d{16,})\.pt\.trac
 _DEFAULT_WORKER = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)$")
 
 
-@dataclass(frozen=True)
-class NameParts:
+class NameParts(msgspec.Struct, frozen=True):
     """What a trace file's name says about who wrote it."""
 
     rank: int | None

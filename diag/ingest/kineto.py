@@ -18,7 +18,6 @@ import re
 from collections import Counter
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from operator import itemgetter
 from typing import TYPE_CHECKING, Annotated, Any
@@ -155,8 +154,7 @@ _FLOW_PHASES = frozenset({"s", "f", "t"})
 _NOT_CPU_X = frozenset({"Trace", "cuda_sync", "cuda_profiler_range"})
 
 
-@dataclass
-class KinetoFile:
+class KinetoFile(msgspec.Struct):
     """What a parse learns about a file beyond its event rows (filled as its chunks are read)."""
 
     schema_version: int | None
@@ -166,13 +164,13 @@ class KinetoFile:
     distributed_info: Any
     partial: bool
     damage_offset: int | None
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
     n_events: int = 0
     first_ts_ns: int | None = None
     last_ts_ns: int | None = None
     has_gpu: bool = False
     schema_era: str = "current"
-    kernel_devices: list[int] = field(default_factory=list)
+    kernel_devices: list[int] = msgspec.field(default_factory=list)
 
     @classmethod
     def blank(cls) -> KinetoFile:

@@ -17,7 +17,6 @@ each rank becomes a file of its own in the store, so its GPU streams and CPU thr
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -46,16 +45,15 @@ class _Meta(msgspec.Struct):
 _meta_decoder = msgspec.json.Decoder(_Meta)
 
 
-@dataclass
-class RankMap:
+class RankMap(msgspec.Struct):
     """Which rank each pid of a merged file belongs to, and the pid it had before the merge."""
 
     by_pid: dict[int | str, tuple[int, int | str]]
     ranks: list[int]
     how: str                                    # what the ranks were read from, for the file's warnings
     unplaced: int = 0                           # events whose pid names no rank (kept with the first rank)
-    _labels: dict[str, tuple[int, int | str] | None] = field(default_factory=dict)
-    _sglang_ranks: dict[tuple[tuple[str, int], ...], int] = field(default_factory=dict)
+    _labels: dict[str, tuple[int, int | str] | None] = msgspec.field(default_factory=dict)
+    _sglang_ranks: dict[tuple[tuple[str, int], ...], int] = msgspec.field(default_factory=dict)
 
     def place(self, pid: int | str | None, args_rank: int | None) -> tuple[int, int | str | None]:
         """(rank, original pid) of an event."""

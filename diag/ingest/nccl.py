@@ -23,11 +23,12 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
 from decimal import Decimal
 from operator import attrgetter
 
+import msgspec
 import pyarrow as pa
+from msgspec.structs import fields
 
 from diag.errors import BadInput
 
@@ -72,8 +73,7 @@ NCCL_OPS_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True)
-class NcclOp:
+class NcclOp(msgspec.Struct, frozen=True):
     """One operation as a source saw it: an `nccl_ops` row less `file_id`, `rank` and `source` (per file)."""
 
     record_idx: int
@@ -100,8 +100,7 @@ class NcclOp:
     n_channels: int | None = None
 
 
-@dataclass(frozen=True)
-class Resume:
+class Resume(msgspec.Struct, frozen=True):
     """Where a read of an append-only file (NCCL Inspector) stopped: the byte after its last
     complete record, and what the parser carries to the next read (JSON-able; trace_files.read_state)."""
 
@@ -109,8 +108,7 @@ class Resume:
     state: Mapping[str, object]
 
 
-@dataclass(frozen=True)
-class SourceParse:
+class SourceParse(msgspec.Struct, frozen=True):
     """What one parser found: its rows, the rank the file names for itself, and what it had to say.
     `resume`: where to read on from when the file grows (None: the format is read whole)."""
 
@@ -121,8 +119,7 @@ class SourceParse:
     resume: Resume | None = None
 
 
-@dataclass(frozen=True)
-class NcclParse:
+class NcclParse(msgspec.Struct, frozen=True):
     """A parsed NCCL-side file. `kind` is the trace_files.kind; `table` has the nccl_ops columns but file_id and rank."""
 
     kind: str

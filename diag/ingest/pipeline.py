@@ -18,13 +18,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Generator
 from contextlib import closing
-from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import duckdb
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec.structs import replace
 
 from diag import store
 from diag.errors import BadInput, printable
@@ -65,8 +66,7 @@ def _small(path: str) -> bool:
     return _size(path) * (_GZIP_RATIO if path.endswith(".gz") else 1) < _SMALL_FILE_BYTES
 
 
-@dataclass(frozen=True)
-class IngestOptions:
+class IngestOptions(msgspec.Struct, frozen=True):
     salvage: bool = False
     max_bytes: int = DEFAULT_MAX_BYTES
     rank: int | None = None   # --rank: for a single file whose trace and name carry none
@@ -77,15 +77,13 @@ class IngestOptions:
     spill_dir: str | None = None
 
 
-@dataclass(frozen=True)
-class Skipped:
+class Skipped(msgspec.Struct, frozen=True):
     path: str
     reason: str
     duplicate: bool = False   # its content is in the store already
 
 
-@dataclass(frozen=True)
-class Spilled:
+class Spilled(msgspec.Struct, frozen=True):
     """A file parsed in a worker: its row, and its tables as Parquet files to load."""
 
     path: str
@@ -94,17 +92,15 @@ class Spilled:
     spill_dir: str
 
 
-@dataclass
-class IngestResult:
-    ingested: list[tuple[str, int]] = field(default_factory=list)   # (path, file_id)
-    skipped: list[Skipped] = field(default_factory=list)
-    errors: list[BadInput] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    ambiguous: list[str] = field(default_factory=list)   # files that fit two formats: shown by every command
+class IngestResult(msgspec.Struct):
+    ingested: list[tuple[str, int]] = msgspec.field(default_factory=list)   # (path, file_id)
+    skipped: list[Skipped] = msgspec.field(default_factory=list)
+    errors: list[BadInput] = msgspec.field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
+    ambiguous: list[str] = msgspec.field(default_factory=list)   # files that fit two formats: shown by every command
 
 
-@dataclass(frozen=True)
-class Prior:
+class Prior(msgspec.Struct, frozen=True):
     """A file in the store whose path may hold more by now: an append-only NCCL-side log (read on
     from where it stopped), or a trace salvaged up to damage (replaced by its longer version)."""
 

@@ -15,10 +15,11 @@ of different processes hours apart. Those are refused, not merged.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
+import msgspec
+from msgspec.structs import replace
 
 from diag.errors import BadInput
 from diag.ingest.discover import name_parts
@@ -31,8 +32,7 @@ RUN_GAP_NS = 3600 * 10**9
 _LISTED = 5
 
 
-@dataclass(frozen=True)
-class _Process:
+class _Process(msgspec.Struct, frozen=True):
     file_id: int
     path: str
     host: str
@@ -100,8 +100,7 @@ def _add_warning(con: duckdb.DuckDBPyConnection, file_id: int, warning: str) -> 
     con.execute("UPDATE trace_files SET warnings = ? WHERE file_id = ?", [json.dumps([*warnings, warning]), file_id])
 
 
-@dataclass(frozen=True)
-class _Capture:
+class _Capture(msgspec.Struct, frozen=True):
     file_id: int
     path: str
     world: int | None

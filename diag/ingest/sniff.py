@@ -10,7 +10,6 @@ is read to decide: an NCCL Inspector log is one JSON object per line, never one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -27,8 +26,7 @@ _top_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 AMBIGUOUS = "ambiguous format: "
 
 
-@dataclass(frozen=True)
-class Format:
+class Format(msgspec.Struct, frozen=True):
     kind: str | None          # 'kineto', an NCCL kind (nccl.SOURCE_OF_KIND), or None: not a trace
     warning: str | None = None
 

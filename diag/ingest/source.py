@@ -16,10 +16,10 @@ import os
 import stat
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
+import msgspec
 from isal import isal_zlib
 
 from diag.errors import BadInput
@@ -53,8 +53,7 @@ _InflateError = cast(type[Exception], isal_zlib.IsalError)
 Buffer = bytes | bytearray | mmap.mmap
 
 
-@dataclass(frozen=True)
-class SourceBytes:
+class SourceBytes(msgspec.Struct, frozen=True):
     path: str
     data: Buffer          # decompressed content (bytes, or a private anonymous map of it)
     content_hash: str     # sha256 of the decompressed bytes: the same trace gzipped or not is one content
