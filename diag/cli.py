@@ -21,6 +21,7 @@ from diag.batch import collect_seldom, exit_now
 from diag.capture import add_capture_arguments, run_capture_command
 from diag.errors import BadInput, ExitCode
 from diag.example import add_example_arguments, run_example_command
+from diag.ingest import read_ahead
 from diag.ingest.source import DEFAULT_MAX_BYTES
 from diag.mfu import add_mfu_arguments, run_mfu
 from diag.no_pandas import keep_pandas_out
@@ -217,10 +218,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep_pandas_out()
     if argv is None and args.handler in _BATCH:
         collect_seldom()
+    if argv is None and args.handler in (commands.run_analyze, commands.run_ingest):
+        _read_ahead(args)
     code = _run(args)
     if argv is None and args.handler in _BATCH:
         exit_now(code)
     return code
+
+
+def _read_ahead(args: argparse.Namespace) -> None:
+    """`analyze FILE` or `ingest FILE`: the file's read begins now, in a process of its own, while
+    this one imports what the command needs (diag/ingest/read_ahead.py). Not with --jobs 1 (one
+    process) or on Ray (the parse runs there)."""
+    paths = args.paths if hasattr(args, "paths") else [args.path]
+    if len(paths) == 1 and args.jobs != 1 and args.executor == "local":
+        read_ahead.start(paths[0], args.max_bytes, args.salvage)
 
 
 def _run(args: argparse.Namespace) -> int:

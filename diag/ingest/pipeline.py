@@ -30,6 +30,7 @@ from msgspec.structs import replace
 from diag import store
 from diag.errors import BadInput, printable
 from diag.executor import LocalExecutor, make_executor
+from diag.ingest import read_ahead
 from diag.ingest.discover import discover, rank_from_name
 from diag.ingest.kineto import (
     EVENT_TABLES,
@@ -138,7 +139,7 @@ def parse_into(
     rank set first); with `split`, a big file's second half is parsed in a forked child at the
     same time. Returns the file's trace_files row, or why it was skipped. `prior`: the file read
     before at this path (see Prior): the row says whether it appends to it or replaces it."""
-    src = read_source(path, opts.max_bytes, salvage=opts.salvage)
+    src = read_ahead.take(path, opts.max_bytes, opts.salvage) or read_source(path, opts.max_bytes, salvage=opts.salvage)
     if src.content_hash in known:
         return Skipped(path, "already ingested (same content)", duplicate=True)
     grown = prior is not None and prior.read_bytes is not None and len(src.data) >= prior.read_bytes and \

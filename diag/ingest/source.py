@@ -71,11 +71,13 @@ class SourceBytes(msgspec.Struct, frozen=True):
                 self.data.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
-def read_source(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False) -> SourceBytes:
+def read_source(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False,
+                into: mmap.mmap | None = None) -> SourceBytes:
     """Read and (if gzip) decompress a file, refusing what is not a regular file, empty files,
     corrupt gzip, bombs and files that shrink while they are read; with `salvage`, a gzip stream
     cut off or damaged gives what inflates before the damage (torch writes a .json.gz in place: a
-    killed run leaves it truncated), and a warning."""
+    killed run leaves it truncated), and a warning. `into`: memory the content goes into, which it
+    must fill exactly (NotInto if it does not); diag/ingest/read_ahead.py reads a file so."""
     p = str(path)
     try:
         st = os.stat(p)
@@ -96,14 +98,14 @@ def read_source(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: b
         try:
             if compressed:
                 damage: list[BadInput] = []
-                data, digest = _gunzip(p, f, size, max_bytes, damage if salvage else None)
+                data, digest = _gunzip(p, f, size, max_bytes, damage if salvage else None, into)
                 if damage:
                     warnings = (f"{damage[0].reason} at byte {damage[0].offset} of the file: read the "
                                 f"{len(data)} bytes it inflates to before that",)
             elif size > max_bytes:
                 raise BadInput(p, f"larger than the {max_bytes} byte cap (raise it with --max-bytes)")
             else:
-                data, digest = _read_plain(p, f, size)
+                data, digest = _read_plain(p, f, size, into)
         except OSError as e:
             raise BadInput(p, f"cannot read: {e.strerror or e}") from None
     if _blank(data):
@@ -126,14 +128,14 @@ def _blank(data: Buffer) -> bool:
     return not any(c.tobytes().strip() for c in _slices(data))
 
 
-def _read_plain(path: str, f: io.BufferedReader, size: int) -> tuple[Buffer, str]:
+def _read_plain(path: str, f: io.BufferedReader, size: int, into: mmap.mmap | None = None) -> tuple[Buffer, str]:
     """The file's first `size` bytes (what stat saw: a file still growing is read as it was)."""
-    if size <= IN_MEMORY_BYTES:
+    if into is None and size <= IN_MEMORY_BYTES:
         data = f.read(size)
         if len(data) < size:
             raise _shrank(path, len(data), size)
         return data, hashlib.sha256(data).hexdigest()
-    buf = _anonymous(size)
+    buf = _anonymous(size) if into is None else _fits(into, size)
     mv = memoryview(buf)
     h = hashlib.sha256()
     pos = 0
@@ -162,6 +164,16 @@ def _shrank(path: str, got: int, size: int) -> BadInput:
                           "writing or truncating it; ingest it once it is complete", got)
 
 
+class NotInto(Exception):
+    """The content does not fill the memory read_source was given (`into`)."""
+
+
+def _fits(into: mmap.mmap, size: int) -> mmap.mmap:
+    if len(into) != size:
+        raise NotInto(f"{size} bytes into {len(into)}")
+    return into
+
+
 def _anonymous(size: int) -> mmap.mmap:
     """Memory of this process alone (private, not backed by any file, so nothing can cut it short)."""
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
@@ -173,7 +185,8 @@ def _slices(data: Buffer) -> Iterator[memoryview]:
         yield mv[i : i + _CHUNK]
 
 
-def _gunzip(path: str, f: IO[bytes], size: int, max_bytes: int, damage: list[BadInput] | None) -> tuple[Buffer, str]:
+def _gunzip(path: str, f: IO[bytes], size: int, max_bytes: int, damage: list[BadInput] | None,
+            into: mmap.mmap | None = None) -> tuple[Buffer, str]:
     """The inflated content and its hash, in memory of exactly its size (no growing buffer, whose
     reallocations peaked at twice its size). The size is first taken from the gzip trailer and the
     content inflated once into it; where the trailer does not tell it (several members, padding,
@@ -183,7 +196,7 @@ def _gunzip(path: str, f: IO[bytes], size: int, max_bytes: int, damage: list[Bad
     hinted = _trailer_size(f, size)
     if hinted is not None and 0 < hinted <= max_bytes:
         try:
-            got = _inflate_into(path, f, size, max_bytes, hinted)
+            got = _inflate_into(path, f, size, max_bytes, hinted, into=into)
         except BadInput:
             if damage is None:
                 raise
@@ -193,7 +206,7 @@ def _gunzip(path: str, f: IO[bytes], size: int, max_bytes: int, damage: list[Bad
         f.seek(0)
     total = sum(len(c) for c in _inflate(path, f, size, max_bytes, damage))
     f.seek(0)
-    got = _inflate_into(path, f, size, max_bytes, total, None if damage is None else [])
+    got = _inflate_into(path, f, size, max_bytes, total, None if damage is None else [], into)
     if got is None:
         raise BadInput(path, "the file changed while it was read; ingest it once it is complete")
     return got
@@ -210,10 +223,12 @@ def _trailer_size(f: IO[bytes], size: int) -> int | None:
 
 
 def _inflate_into(path: str, f: IO[bytes], size: int, max_bytes: int, total: int,
-                  damage: list[BadInput] | None = None) -> tuple[Buffer, str] | None:
-    """The content inflated into memory of `total` bytes and its sha256, hashed in a thread while
-    the next piece inflates (hashlib lets go of the GIL); None if it is not `total` bytes long."""
-    buf: bytearray | mmap.mmap = bytearray(total) if total <= IN_MEMORY_BYTES else _anonymous(total)
+                  damage: list[BadInput] | None = None, into: mmap.mmap | None = None) -> tuple[Buffer, str] | None:
+    """The content inflated into memory of `total` bytes (`into`, if given) and its sha256, hashed
+    in a thread while the next piece inflates (hashlib lets go of the GIL); None if it is not
+    `total` bytes long."""
+    buf: bytearray | mmap.mmap = _fits(into, total) if into is not None else \
+        bytearray(total) if total <= IN_MEMORY_BYTES else _anonymous(total)
     h = hashlib.sha256()
     pos = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-hash") as hasher:

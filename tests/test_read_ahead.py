@@ -1,0 +1,119 @@
+"""A command's file read ahead in a forked process (diag/ingest/read_ahead.py) is the same read as
+read_source's, and anything but a clean read of the same file with the same options is read again
+the usual way: the same bytes, hash and errors either way."""
+
+from __future__ import annotations
+
+import gzip
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+from helpers import run_diag
+
+from diag.errors import BadInput
+from diag.ingest import read_ahead
+from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
+from fixtures.generate import generate
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One generated rank file, plain JSON."""
+    out = tmp_path_factory.mktemp("ahead")
+    generate("healthy", out, world_size=1)
+    return next(out.rglob("*.json"))
+
+
+def _ahead(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False) -> SourceBytes | None:
+    read_ahead.start(str(path), max_bytes, salvage)
+    return read_ahead.take(str(path), max_bytes, salvage)
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_read_ahead_is_the_read(trace: Path, tmp_path: Path, compressed: bool) -> None:
+    path = trace
+    if compressed:
+        path = tmp_path / "rank.json.gz"
+        path.write_bytes(gzip.compress(trace.read_bytes()))
+    got = _ahead(path)
+    want = read_source(path)
+    assert got is not None and isinstance(got.data, mmap.mmap)
+    assert (bytes(got.data), got.content_hash, got.compressed) == (bytes(want.data), want.content_hash, want.compressed)
+    assert not read_ahead._pending
+
+
+def test_the_same_file_by_another_name_is_taken(trace: Path, tmp_path: Path) -> None:
+    link = tmp_path / "link.json"
+    link.symlink_to(trace)
+    read_ahead.start(str(link), DEFAULT_MAX_BYTES, False)
+    got = read_ahead.take(str(trace.parent / ".." / trace.parent.name / trace.name), DEFAULT_MAX_BYTES, False)
+    assert got is not None and got.content_hash == read_source(trace).content_hash
+
+
+def test_other_options_are_read_again(trace: Path) -> None:
+    read_ahead.start(str(trace), DEFAULT_MAX_BYTES, False)
+    assert read_ahead.take(str(trace), DEFAULT_MAX_BYTES, True) is None
+    assert not read_ahead._pending   # the reader is waited for either way
+
+
+def test_a_file_changed_after_the_read_began_is_read_again(trace: Path, tmp_path: Path) -> None:
+    path = tmp_path / "growing.json"
+    path.write_bytes(trace.read_bytes())
+    read_ahead.start(str(path), DEFAULT_MAX_BYTES, False)
+    with path.open("ab") as f:
+        f.write(b"\n")
+    assert read_ahead.take(str(path), DEFAULT_MAX_BYTES, False) is None
+
+
+def test_gzip_whose_trailer_does_not_give_the_size_is_read_again(trace: Path, tmp_path: Path) -> None:
+    # Two members: the last one's ISIZE is not the content's size.
+    data = trace.read_bytes()
+    path = tmp_path / "two.json.gz"
+    path.write_bytes(gzip.compress(data[:1000]) + gzip.compress(data[1000:]))
+    assert _ahead(path) is None
+    assert read_source(path).data == data
+
+
+def test_damage_is_said_as_without_a_read_ahead(trace: Path, tmp_path: Path) -> None:
+    packed = gzip.compress(trace.read_bytes())
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(packed[: len(packed) // 2] + packed[-8:])   # cut short, trailer kept
+    assert _ahead(path) is None
+    with pytest.raises(BadInput) as e:
+        read_source(path)
+    assert _ahead(path, salvage=True) is None   # salvaged: a warning, so read again to say it
+    assert read_source(path, salvage=True).warnings
+    assert "gzip" in e.value.reason
+
+
+def test_what_is_not_read_ahead(trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import duckdb
+
+    store = tmp_path / "store.duckdb"
+    duckdb.connect(str(store)).close()
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    for path in (store, empty, tmp_path, tmp_path / "missing.json"):
+        read_ahead.start(str(path), DEFAULT_MAX_BYTES, False)
+    monkeypatch.setattr(read_ahead, "IN_MEMORY_BYTES", os.path.getsize(trace) - 1)   # big files: not shared
+    read_ahead.start(str(trace), DEFAULT_MAX_BYTES, False)
+    read_ahead.start(str(trace), os.path.getsize(trace) - 1, False)   # over --max-bytes
+    assert not read_ahead._pending
+
+
+def test_the_command_reads_ahead_to_the_same_report_and_errors(trace: Path, tmp_path: Path) -> None:
+    # `diag analyze FILE` reads ahead; --jobs 1 does not (one process): the same report. A damaged
+    # gzip gives the same one line and exit code both ways.
+    path = tmp_path / "rank.json.gz"
+    path.write_bytes(gzip.compress(trace.read_bytes()))
+    ahead, alone = run_diag("analyze", str(path), "--format", "json"), \
+        run_diag("analyze", str(path), "--format", "json", "--jobs", "1")
+    assert ahead.returncode == alone.returncode == 0 and ahead.stdout == alone.stdout
+    bad = tmp_path / "bad.json.gz"
+    packed = path.read_bytes()
+    bad.write_bytes(packed[:40] + bytes(64) + packed[104:])
+    ahead, alone = run_diag("analyze", str(bad)), run_diag("analyze", str(bad), "--jobs", "1")
+    assert ahead.returncode == alone.returncode == 2
+    assert ahead.stderr == alone.stderr and ahead.stderr.count("\n") == 1
