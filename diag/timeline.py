@@ -442,6 +442,13 @@ _CPU_OPS = """
 """
 
 
+# Up to this many launching ops, each one's shapes are worked out on its own (_op_flops is cached):
+# finding the distinct ones first (_signatures: five columns encoded) cost a rank of 20 kernels
+# more than it saved, 0.5 of its ~4.5 ms map.
+_FEW_OPS = 64
+_CONV_FORWARD = pa.array(sorted(flops_mod.CONV_FORWARD_OPS))
+
+
 def _kernel_shapes(
     ops: pa.Table, op_idx: I64, kclass: npt.NDArray[np.intp], dur: I64
 ) -> tuple[npt.NDArray[np.float64], list[Any], list[str | None], list[float | None], list[float | None]]:
@@ -459,8 +466,10 @@ def _kernel_shapes(
     other = (op_idx >= 0) & (kclass == _OTHER)
     used = distinct(op_idx[matmul | other])
     if len(used):
-        ops = ops.append_column("conv_out", _conv_outputs(ops))
-        sig, one = _signatures(ops, used)
+        # Only a forward convolution among the launching ops has an output shape to look up.
+        conv = pc.any(pc.is_in(ops.column("name").take(used), _CONV_FORWARD)).as_py()
+        ops = ops.append_column("conv_out", _conv_outputs(ops) if conv else pa.nulls(ops.num_rows, pa.string()))
+        sig, one = _signatures(ops, used) if len(used) > _FEW_OPS else (np.arange(len(used)), np.arange(len(used)))
         rep = {c: ops.column(c).take(used[one]).to_pylist() for c in ("name", "dims", "types", "concrete", "conv_out")}
         shapes = [_shape_flops(*r) for r in zip(rep["name"], rep["dims"], rep["types"], rep["concrete"],
                                                  rep["conv_out"], strict=True)]
@@ -531,7 +540,7 @@ def _conv_outputs(ops: pa.Table) -> pa.Array:
     its output shape as JSON text, from the grad_output of the aten::convolution_backward whose
     autograd node has the same sequence number as the forward op around it; else null."""
     name, concrete, dims = ops.column("name"), ops.column("concrete"), ops.column("dims")
-    fwd = numpy_of(pc.is_in(name, pa.array(sorted(flops_mod.CONV_FORWARD_OPS))).fill_null(False), bool)
+    fwd = numpy_of(pc.is_in(name, _CONV_FORWARD).fill_null(False), bool)
     fwd &= ~_valid(concrete) & _valid(dims)
     bwd = numpy_of(pc.equal(name, "aten::convolution_backward").fill_null(False), bool) & _valid(dims)
     out: list[str | None] = [None] * ops.num_rows
