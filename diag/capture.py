@@ -25,11 +25,10 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
-
-import msgspec
 
 from diag.errors import BadInput, ExitCode, require
 
@@ -60,7 +59,8 @@ _BUFFER_ON_BY_DEFAULT_FROM = (2, 7)
 _BUFFER_SIZE = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
 
 
-class Schedule(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class Schedule:
     """torch.profiler.schedule's four numbers: skip, warm up, record, and how many such cycles."""
 
     wait_steps: int = 1

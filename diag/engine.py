@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from collections import defaultdict
@@ -73,7 +74,7 @@ def analyze(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions = AnalyzeOption
     check_one_run(con)
     spec = model_mod.load_model(opts.model) if opts.model else None
     if spec is not None and opts.tokens_per_step:
-        spec = replace(spec, tokens_per_step=opts.tokens_per_step)
+        spec = dataclasses.replace(spec, tokens_per_step=opts.tokens_per_step)   # a dataclass (diag/model.py)
     gpu = gpu_part(opts.gpu)
     rules = [r() for r in RULES]
     cache = {} if cache is None else cache

@@ -16,11 +16,10 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from types import MappingProxyType
 from typing import Any
-
-import msgspec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,23 +30,20 @@ else:  # pragma: no cover - Python 3.10
 SPARSE_DTYPES = frozenset({"bf16", "fp16", "fp8", "fp4", "tf32", "int8"})
 
 
-class Part(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class Part:
     key: str  # the CLI name: --gpu h100-sxm
     name: str  # human name, as the datasheet spells it
     sms: int
     mem_gib: int  # nominal device memory
     hbm_gbps: float  # HBM bandwidth
     nvlink_gbps: float  # NVLink bandwidth per GPU, one direction (datasheets quote both directions)
-    dense_tflops: Mapping[str, float]  # dtype -> dense peak
+    dense_tflops: Mapping[str, float] = field(hash=False)  # dtype -> dense peak
     source: str  # the datasheet the figures come from
     name_pattern: re.Pattern[str]  # searched in deviceProperties.name
     example: str  # a deviceProperties.name the driver reports for this part
     has_sparsity: bool = True  # 2:4 structured sparsity (Ampere and later)
     default_dtype: str = "bf16"  # what a run is assumed to compute in when nothing records it
-
-    def __hash__(self) -> int:
-        # By key: dense_tflops, a read-only mapping, has no hash (equal parts share their key).
-        return hash(self.key)
 
 
 def _load() -> tuple[Part, ...]:
@@ -74,7 +70,8 @@ ALIASES: Mapping[str, str] = MappingProxyType({"a100": "a100-80gb", "h100": "h10
 PARTS: Mapping[str, Part] = MappingProxyType({**_BY_KEY, **{a: _BY_KEY[k] for a, k in ALIASES.items()}})
 
 
-class Resolved(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class Resolved:
     part: Part
     note: str | None  # said when a name several parts share was taken to mean one
 
@@ -170,7 +167,8 @@ def ridge_flop_per_byte(part: Part, dtype: str) -> float:
     return dense_peak_tflops(part, dtype) * 1e12 / (part.hbm_gbps * 1e9)
 
 
-class Identification(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class Identification:
     part: Part
     reason: str  # which deviceProperties matched, in one line
 

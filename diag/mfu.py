@@ -18,8 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-
-import msgspec
+from dataclasses import dataclass
 
 from diag import hardware
 from diag.errors import BadInput, ExitCode
@@ -27,7 +26,8 @@ from diag.model import ModelSpec, flops_per_token, load_model
 from diag.option_types import positive_float, positive_int
 
 
-class MfuResult(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class MfuResult:
     mfu: float  # fraction of the dense peak, 0..1
     tokens_per_s: float | None  # global, all GPUs; None when FLOPs per token are unknown
     peak_tflops: float  # dense peak per GPU

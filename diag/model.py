@@ -17,10 +17,9 @@ Recomputation in Large Transformer Models"): full recomputation runs each layer'
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import msgspec
 
 from diag.errors import BadInput
 
@@ -32,7 +31,8 @@ else:  # pragma: no cover - pyproject's `tomli; python_version < '3.11'`
 Recompute = Literal["none", "selective", "full"]
 
 
-class ModelSpec(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class ModelSpec:
     params: float  # N, non-embedding parameters
     layers: int  # L; layers = heads = head_dim = seq_len = 0 leaves out the attention term
     heads: int  # H, query heads

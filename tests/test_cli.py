@@ -193,3 +193,14 @@ def test_analyze_shows_progress_on_a_terminal_and_nothing_off_one(demo_run: Path
     quiet = run_diag("analyze", str(demo_run))
     assert quiet.returncode == 0 and quiet.stdout == out
     assert "\x1b[" not in quiet.stderr and "8/8" not in quiet.stderr
+
+
+def test_help_imports_only_what_the_parser_needs() -> None:
+    """`diag --help` (issue 16: ≤ 0.15 s) loads none of the heavy libraries, nor msgspec, whose import
+    (typing_extensions) costs it ~20 ms: the modules it loads keep dataclasses (diag/ingest/source.py)."""
+    code = ("import sys\nfrom diag.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    loaded = set(done.stdout.strip().splitlines()[-1].split())
+    assert done.returncode == 0, done.stderr
+    assert not loaded & {"duckdb", "pyarrow", "numpy", "polars", "pandas", "msgspec", "textual"}, loaded

@@ -10,11 +10,9 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import msgspec
-from msgspec.structs import asdict, fields
 
 from diag.capture import flight_recorder_env, prepare_out_dir
 from diag.errors import ExitCode, require
@@ -25,7 +23,8 @@ if TYPE_CHECKING:
 RECOMPUTE_CHOICES = ("none", "full", "selective")
 
 
-class ExampleConfig(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class ExampleConfig:
     """One run of the example job; the defaults make a run of a few seconds on 2 CPU cores."""
 
     steps: int = 4
