@@ -446,7 +446,13 @@ _CPU_OPS = """
 # finding the distinct ones first (_signatures: five columns encoded) cost a rank of 20 kernels
 # more than it saved, 0.5 of its ~4.5 ms map.
 _FEW_OPS = 64
-_CONV_FORWARD = pa.array(sorted(flops_mod.CONV_FORWARD_OPS))
+
+
+@functools.cache
+def _conv_forward() -> pa.Array:
+    """The forward convolution ops' names, made at first use: an array built at import would have
+    pyarrow look for pandas before diag/no_pandas.py's guard is in place."""
+    return pa.array(sorted(flops_mod.CONV_FORWARD_OPS))
 
 
 def _kernel_shapes(
@@ -467,7 +473,7 @@ def _kernel_shapes(
     used = distinct(op_idx[matmul | other])
     if len(used):
         # Only a forward convolution among the launching ops has an output shape to look up.
-        conv = pc.any(pc.is_in(ops.column("name").take(used), _CONV_FORWARD)).as_py()
+        conv = pc.any(pc.is_in(ops.column("name").take(used), _conv_forward())).as_py()
         ops = ops.append_column("conv_out", _conv_outputs(ops) if conv else pa.nulls(ops.num_rows, pa.string()))
         sig, one = _signatures(ops, used) if len(used) > _FEW_OPS else (np.arange(len(used)), np.arange(len(used)))
         rep = {c: ops.column(c).take(used[one]).to_pylist() for c in ("name", "dims", "types", "concrete", "conv_out")}
@@ -540,7 +546,7 @@ def _conv_outputs(ops: pa.Table) -> pa.Array:
     its output shape as JSON text, from the grad_output of the aten::convolution_backward whose
     autograd node has the same sequence number as the forward op around it; else null."""
     name, concrete, dims = ops.column("name"), ops.column("concrete"), ops.column("dims")
-    fwd = numpy_of(pc.is_in(name, _CONV_FORWARD).fill_null(False), bool)
+    fwd = numpy_of(pc.is_in(name, _conv_forward()).fill_null(False), bool)
     fwd &= ~_valid(concrete) & _valid(dims)
     bwd = numpy_of(pc.equal(name, "aten::convolution_backward").fill_null(False), bool) & _valid(dims)
     out: list[str | None] = [None] * ops.num_rows
