@@ -8,6 +8,7 @@ import msgspec
 import numpy as np
 
 from diag.analysis import Finding, RankContext, RunContext, severity
+from diag.durations import duration
 from diag.nesting import overlapped
 from rules.base import Rule
 
@@ -110,7 +111,7 @@ class Idle(Rule[Params]):
         summary = f"GPU idle with no launch pending {frac:.1%} of the step, mostly {CAUSES[top]}"
         if top == "unexplained" and largest:
             summary += "; largest gaps: " + ", ".join(
-                f"{ns / 1e6:.2f} ms on rank {r} step {s}" for ns, r, s, _ in largest[:3])
+                f"{duration(ns / 1e9)} on rank {r} step {s}" for ns, r, s, _ in largest[:3])
         advice = {
             "step_tail": "move logging, metrics and checkpointing off the step's end; prefetch the next batch",
             "sync_wait": "check cross-stream and cross-rank dependencies (wait_stream, events, collectives on peers)",

@@ -143,6 +143,17 @@ def test_unexplained_idle_lists_the_largest_gaps() -> None:
     assert gaps and gaps == sorted(gaps, reverse=True) and "largest gaps" in f["summary"]
 
 
+def test_gaps_under_a_millisecond_are_said_in_their_own_unit() -> None:
+    """HTA's with_gpu_user_annotation trace: its unexplained idle is many µs-long gaps, which the
+    summary printed as "0.00 ms"; each listed gap now reads as its details' value, in µs."""
+    src = shared_traces() / "HolisticTraceAnalysis/tests/data/with_gpu_user_annotation/step_based_trace_2543932.json.gz"
+    _, report = analyze_path(str(src), None, ingest_opts=IngestOptions(jobs=1), warn=False)
+    f = next(f for f in report["findings"] if f["code"] == "MFU013")
+    assert "0.00 ms" not in f["summary"]
+    for g in f["details"]["largest_gaps"][:3]:
+        assert f"{g['ms'] * 1e3:.2f} µs on rank {g['rank']} step {g['step']}" in f["summary"]
+
+
 def test_a_capture_with_no_matmul_says_so() -> None:
     # kineto's docs trace: one kernel, named `Kernel`; no GEMM ran, so there is no share of GEMM time to cover.
     r = run_diag("analyze", str(shared_traces() / "kineto/docs/traces/after_fix_trace.json"), "--format", "json")

@@ -160,3 +160,15 @@ def test_header_values_past_their_column_are_refused_by_name(tmp_path: Path, hea
     f.write_text(json.dumps({"distributedInfo": {"rank": 0}, **head, "traceEvents": _events()}))
     r = run_diag("ingest", str(f), "--db", str(tmp_path / "x.duckdb"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr and "Exception" not in r.stderr
+
+
+def test_epoch_microseconds_become_exact_nanoseconds(tmp_path: Path) -> None:
+    """Kineto writes absolute epoch µs (~1.7e15, HTA's with_gpu_user_annotation trace): whole µs are
+    stored to the ns, where scaling them as floats put them up to 128 ns off (…557 µs → …557120 ns);
+    a fraction is kept to the ns of the float JSON gives (0.25 µs of resolution at that size)."""
+    events = _events(3)
+    events[0]["ts"], events[1]["ts"], events[2]["ts"] = 1672876799191557, 1672876799191579, 1672876799191557.5
+    f = _write(tmp_path / "rank-0.json", events)
+    _, chunks = read_kineto(str(f), f.read_bytes())
+    stored = [t["cpu_ops"].column("ts_ns").to_pylist() for t in chunks]
+    assert sorted(sum(stored, [])) == [1672876799191557000, 1672876799191557500, 1672876799191579000]

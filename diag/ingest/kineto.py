@@ -458,10 +458,11 @@ def _ns_values(values: Sequence[Number | None] | np.ndarray, bad: Counter[str] |
     """µs (as Kineto writes them, up to 3 decimals) → integer ns, vectorized. With `bad`, the values
     are durations: a negative one (among those `where` marks, if given) is kept as 0 and counted.
 
-    The whole µs and the fraction are scaled apart: at absolute epoch µs (~1.7e15) a float64 has
-    0.25 µs of resolution, and multiplying by 1000 first would lose a further factor of 1000.
-    Integer µs (older traces) are exact either way. Returns the ns and where a value is missing
-    (None when none is).
+    The whole µs and the fraction are scaled apart, the whole µs in integers: at absolute epoch µs
+    (~1.7e15) a float64 holds whole µs exactly but has 0.25 µs of resolution below them, and their
+    ns (~1.7e18) are past its exact integers (2^53): scaled as floats, integer µs came out up to
+    128 ns off (1672876799191557 µs → …557120 ns). Integer µs (older traces) are now exact. Returns
+    the ns and where a value is missing (None when none is).
     """
     a = np.array(values, dtype=np.float64)   # None → NaN
     valid = np.isfinite(a)
@@ -470,9 +471,9 @@ def _ns_values(values: Sequence[Number | None] | np.ndarray, bad: Counter[str] |
     if bad is not None and (negative := a < 0 if where is None else (a < 0) & where).any():
         bad["negative_dur"] += int(negative.sum())
         a[negative] = 0.0
+    a = np.where(valid, a, 0.0)   # 0 where missing (part() counts on it)
     whole = np.floor(a)
-    ns = whole * 1000.0 + np.rint((a - whole) * 1000.0)
-    out = np.where(valid, ns, 0).astype(np.int64)   # 0 where missing (part() counts on it)
+    out = whole.astype(np.int64) * 1000 + np.rint((a - whole) * 1000.0).astype(np.int64)
     return out, None if valid.all() else ~valid
 
 
