@@ -20,43 +20,53 @@ import json
 import mmap
 import os
 import stat
+from typing import NamedTuple
 
-from diag.ingest.source import IN_MEMORY_BYTES, SourceBytes, read_source
+from diag.ingest.source import GZIP_MAGIC, IN_MEMORY_BYTES, SourceBytes, read_source, trailer_size
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _DUCKDB_MAGIC = b"DUCK"   # bytes 8..12 of a DuckDB file (diag.api.is_duckdb_file)
 
 
+class _Identity(NamedTuple):
+    """What a read depends on: the file as stat sees it, and the options."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    max_bytes: int
+    salvage: bool
+
+
 class _Reader:
-    def __init__(self, pid: int, pipe: int, buf: mmap.mmap, key: tuple[object, ...]) -> None:
+    def __init__(self, pid: int, pipe: int, buf: mmap.mmap, key: _Identity) -> None:
         self.pid, self.pipe, self.buf, self.key = pid, pipe, buf, key
 
 
 _pending: dict[str, _Reader] = {}
 
 
-def _identity(path: str, max_bytes: int, salvage: bool) -> tuple[object, ...] | None:
-    """What a read depends on: the file as stat sees it, and the options."""
+def _identity(path: str, max_bytes: int, salvage: bool) -> _Identity | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, max_bytes, salvage
+    return _Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, max_bytes, salvage)
 
 
 def _content_size(path: str, size: int) -> int | None:
-    """The content's size, foreseen: the file's, or a gzip's trailer (ISIZE, RFC 1952); None for
-    a DuckDB file (`diag analyze STORE`), which is not read as a trace."""
+    """The content's size, foreseen: the file's, or a gzip's trailer (source.trailer_size); None
+    for a DuckDB file (`diag analyze STORE`), which is not read as a trace."""
     with open(path, "rb") as f:
         head = f.read(12)
         if head[8:12] == _DUCKDB_MAGIC:
             return None
-        if head[:2] != _GZIP_MAGIC or size < 18:
+        if head[:2] != GZIP_MAGIC:
             return size
-        f.seek(size - 4)
-        return int.from_bytes(f.read(4), "little")
+        hinted = trailer_size(f, size)
+        return size if hinted is None else hinted
 
 
 def start(path: str, max_bytes: int, salvage: bool) -> None:
@@ -65,7 +75,7 @@ def start(path: str, max_bytes: int, salvage: bool) -> None:
     if key is None or not hasattr(os, "fork"):
         return
     try:
-        size = _content_size(path, os.stat(path).st_size)
+        size = _content_size(path, key.size)
     except OSError:
         return
     if size is None or not 0 < size <= min(IN_MEMORY_BYTES, max_bytes):
