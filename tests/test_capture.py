@@ -33,6 +33,7 @@ from diag.capture import (
     write_model_toml,
 )
 from diag.errors import BadInput, ExitCode
+from diag.example import launch
 from diag.example.launch import ExampleConfig, add_job_arguments, run_example
 
 if sys.version_info >= (3, 11):
@@ -404,3 +405,16 @@ def test_the_wrapper_makes_each_optimizer_step_a_profiler_step(tmp_path: Path) -
 
     (own,) = traces(tmp_path / "own")
     assert [s["name"] for s in own.steps()] == ["ProfilerStep#1"]
+
+
+@pytest.mark.skipif(not Path(launch._EPHEMERAL).exists(), reason="the kernel's ephemeral port range is Linux's /proc")
+def test_the_jobs_store_port_is_free_and_below_the_ephemeral_range() -> None:
+    """No outgoing connection is given it in the seconds before rank 0 listens on it."""
+    import socket
+
+    first_ephemeral = int(Path(launch._EPHEMERAL).read_text().split()[0])
+    for _ in range(20):
+        port = launch._free_port()
+        assert launch._PORTS_FROM <= port < first_ephemeral
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))

@@ -156,10 +156,31 @@ def run_example(out_dir: str | os.PathLike[str], nproc: int = 2, steps: int = 4,
     return out
 
 
+# Rank 0's store listens on a port picked here, seconds before it binds it (torch's import): a port
+# from bind(0) is one the kernel also hands out to outgoing connections, and one did take it in
+# CI (EADDRINUSE). Below the kernel's ephemeral range only an explicit bind can take it.
+_PORTS_FROM = 15000
+_EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def _free_port() -> int:
+    import random
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    try:
+        with open(_EPHEMERAL) as f:
+            first_ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):   # not Linux: the IANA range starts at 49152
+        first_ephemeral = 49152
+    candidates = range(_PORTS_FROM, first_ephemeral)
+    for port in random.sample(candidates, min(len(candidates), 64)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:   # a range with nothing free
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
