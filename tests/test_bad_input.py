@@ -181,24 +181,30 @@ def test_gzip_content_and_hash_whatever_the_trailer_says(tmp_path: Path, layout:
 
 def test_typed_args_of_an_unexpected_type_or_range_are_kept_raw_and_counted(tmp_path: Path) -> None:
     """A typed key holding a string, or an integer past int64 (2^70), is typed null, its event and
-    raw text kept whole, and each such event counted in one warning; the other keys still type."""
+    raw text kept whole, and each such event counted in one warning; the other keys still type.
+    A collective's keys (decoded apart, only where "Collective name" is set) alike."""
     big = 2**70
     odd = [
         {"ph": "X", "cat": "kernel", "name": "k0", "pid": 0, "tid": 7, "ts": 2000, "dur": 3,
          "args": {"stream": "7", "correlation": 11, "device": 0}},
         {"ph": "X", "cat": "cpu_op", "name": "aten::big", "pid": 1, "tid": 1, "ts": 2100, "dur": 3,
          "args": {"External id": big, "Sequence number": 4}},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 2200, "dur": 3,
+         "args": {"External id": 9, "Collective name": "allreduce", "dtype": "Float", "In msg nelems": 1024,
+                  "Group size": "8", "Process Group Ranks": "[0, 1]"}},
     ]
     f = tmp_path / "rank-0.json"
     f.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": EVENTS + odd}))
     code, err = ingest(tmp_path, f)
-    assert code == 0 and "2 typed values were of an unexpected type" in err, err
+    assert code == 0 and "3 typed values were of an unexpected type" in err, err
     con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
     # The stream falls back to the GPU row's tid, as for the 2021 schema.
     assert one(con, "SELECT stream, correlation, device FROM kernels") == (7, 11, 0)
     ext, seq, raw = one(con, "SELECT external_id, seq_num, args::VARCHAR FROM cpu_ops WHERE name = 'aten::big'")
     assert (ext, seq) == (None, 4) and str(big) in raw
-    assert one(con, "SELECT count(*) FROM cpu_ops")[0] == len(EVENTS) + 1
+    assert one(con, "SELECT count(*) FROM cpu_ops")[0] == len(EVENTS) + 2
+    assert one(con, "SELECT external_id, collective, dtype, in_nelems, group_size, pg_ranks FROM collective_args") \
+        == (9, "allreduce", "Float", 1024, None, [0, 1])
     con.close()
 
 

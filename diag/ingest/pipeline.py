@@ -364,7 +364,8 @@ def ingest(
     workers = bool(files) and (jobs > 1 or opts.executor != "local")
     # Every temporary file of this run (spills, a split file's second half) in one directory,
     # removed at the end, or by the next run if this one is killed (diag/lifetime.py).
-    with run_dir(opts.spill_dir) as scratch:
+    # The parse takes --jobs cores (by default all of them: workers, or a big file's two halves).
+    with run_dir(opts.spill_dir) as scratch, store.appending(con, opts.jobs or os.cpu_count() or 1):
         opts = replace(opts, spill_dir=scratch)
         # closing: an interruption ends the workers now, not when the generator is collected.
         with closing(_in_workers(files, con, known, opts, explicit, seen, jobs, before) if workers else
