@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 from collections import Counter
 from decimal import Decimal
@@ -203,3 +204,25 @@ def test_capture_windows_of_one_rank_are_kept_apart_and_clashes_named(tmp_path: 
     (tmp_path / "rank-0.c.json").write_text(json.dumps(overlapping))
     r = run_diag("ingest", str(tmp_path / "rank-0.c.json"), "--db", str(db))
     assert r.returncode == 2 and "rank-0.c.json" in r.stderr and "rank-0.a.json" in r.stderr
+
+
+def test_while_an_ingest_writes_duckdb_takes_the_cores_the_parse_leaves(tmp_path: Path) -> None:
+    """store.appending: at least one thread, each row group written as it fills; DuckDB's own
+    settings back afterwards, however the block ends."""
+    con = store.connect(tmp_path / "s.duckdb")
+    con.execute("SET threads = 3")
+
+    def settings() -> tuple[int, int]:
+        rows = dict(con.execute("SELECT name, value FROM duckdb_settings() "
+                                "WHERE name IN ('threads', 'write_buffer_row_group_count')").fetchall())
+        return int(rows["threads"]), int(rows["write_buffer_row_group_count"])
+
+    before = settings()
+    with store.appending(con, parse_cores=1):
+        assert settings() == (max(1, (os.cpu_count() or 1) - 1), 1)
+    assert settings() == before
+    with pytest.raises(RuntimeError), store.appending(con, parse_cores=10**6):
+        assert settings() == (1, 1)
+        raise RuntimeError
+    assert settings() == before
+    con.close()
