@@ -85,8 +85,8 @@ def appending(con: duckdb.DuckDBPyConnection, parse_cores: int) -> Iterator[None
     """While an ingest writes: DuckDB appends and compresses the rows the parse hands it, on the
     cores the parse leaves (at least one), and writes each full row group as it fills rather than
     five at once. A second DuckDB thread beside a parse that already holds both cores of a small
-    machine only competes with it: `diag ingest` of the 307 MB trace peaked at 999 MB and took
-    8.9 s of CPU with DuckDB's defaults, 840 MB and 8.2 s so (medians of 9, interleaved)."""
+    machine only competes with it: `diag ingest` of the 307 MB trace peaked at 1006 MB and took
+    8.85 s of CPU with DuckDB's defaults, 843 MB and 7.75 s so (medians of 9, interleaved)."""
     before = dict(con.execute("SELECT name, value FROM duckdb_settings() "
                               "WHERE name IN ('threads', 'write_buffer_row_group_count')").fetchall())
     con.execute(f"SET threads = {max(1, (os.cpu_count() or 1) - parse_cores)}")
