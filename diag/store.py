@@ -7,7 +7,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -93,9 +93,17 @@ def appending(con: duckdb.DuckDBPyConnection, parse_cores: int) -> Iterator[None
     con.execute("SET write_buffer_row_group_count = 1")
     try:
         yield
-    finally:
-        for name, value in before.items():
-            con.execute(f"SET {name} = {int(value)}")
+    except BaseException:
+        # The store's own failure (a full disk) is the one to tell, not a setting it then refuses.
+        with suppress(duckdb.Error):
+            _set(con, before)
+        raise
+    _set(con, before)
+
+
+def _set(con: duckdb.DuckDBPyConnection, settings: dict[str, str]) -> None:
+    for name, value in settings.items():
+        con.execute(f"SET {name} = {int(value)}")
 
 
 def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[Sequence[Any]]) -> None:
