@@ -20,12 +20,11 @@ from diag.errors import BadInput, printable
 from diag.executor import Executor, make_executor
 from diag.ingest.discover import require_paths
 from diag.ingest.pipeline import IngestOptions, IngestResult, ingest
+from diag.ingest.source import is_duckdb_head
 from diag.progress import Bars, Progress, terminal_progress
 from diag.report import build_report
 
 T = TypeVar("T")
-
-_DUCKDB_MAGIC = b"DUCK"
 
 
 def is_duckdb_file(path: str | Path) -> bool:
@@ -34,7 +33,7 @@ def is_duckdb_file(path: str | Path) -> bool:
         return False
     with p.open("rb") as f:
         head = f.read(12)
-    return head[8:12] == _DUCKDB_MAGIC
+    return is_duckdb_head(head)
 
 
 class Opened(msgspec.Struct):

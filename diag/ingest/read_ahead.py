@@ -22,9 +22,14 @@ import os
 import stat
 from typing import NamedTuple
 
-from diag.ingest.source import GZIP_MAGIC, IN_MEMORY_BYTES, SourceBytes, read_source, trailer_size
-
-_DUCKDB_MAGIC = b"DUCK"   # bytes 8..12 of a DuckDB file (diag.api.is_duckdb_file)
+from diag.ingest.source import (
+    GZIP_MAGIC,
+    IN_MEMORY_BYTES,
+    SourceBytes,
+    is_duckdb_head,
+    read_source,
+    trailer_size,
+)
 
 
 class _Identity(NamedTuple):
@@ -61,7 +66,7 @@ def _content_size(path: str, size: int) -> int | None:
     for a DuckDB file (`diag analyze STORE`), which is not read as a trace."""
     with open(path, "rb") as f:
         head = f.read(12)
-        if head[8:12] == _DUCKDB_MAGIC:
+        if is_duckdb_head(head):
             return None
         if head[:2] != GZIP_MAGIC:
             return size
