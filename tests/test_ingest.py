@@ -226,3 +226,46 @@ def test_while_an_ingest_writes_duckdb_takes_the_cores_the_parse_leaves(tmp_path
         raise RuntimeError
     assert settings() == before
     con.close()
+
+
+# Args as a profiler may write them: spacing, key order, a float's own spelling, an escape.
+_ODD_ARGS = ['{"External id": 7,  "z": 1.50e2, "a": "caf\\u00e9"}', '{ }', '{"Input Dims": [[2, 3], []]}']
+
+
+def _args_trace(path: Path) -> Path:
+    events = ",\n".join(
+        f'{{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": {i}.5, "dur": 1, "args": {a}}}'
+        for i, a in enumerate(_ODD_ARGS))
+    path.write_text('{"distributedInfo": {"rank": 0}, "traceEvents": [\n' + events + "\n]}")
+    return path
+
+
+def _args_compression(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {c for (c,) in con.execute("SELECT DISTINCT compression FROM pragma_storage_info('cpu_ops') "
+                                      "WHERE column_name = 'args' AND segment_type <> 'VALIDITY'").fetchall()}
+
+
+@pytest.mark.skipif(tuple(map(int, duckdb.__version__.split(".")[:2])) < (2, 0),
+                    reason="DuckDB 1.x writes a storage format without zstd strings by default")
+def test_a_file_store_keeps_args_verbatim_in_zstd(tmp_path: Path) -> None:
+    """store.connect: a file store of DuckDB 2's format compresses the `args` columns with zstd;
+    the text reads back byte for byte as the trace wrote it."""
+    db = tmp_path / "s.duckdb"
+    con = store.connect(db)
+    ingest([str(_args_trace(tmp_path / "t.json"))], con, IngestOptions())
+    con.close()   # the checkpoint writes (and compresses) the rows
+    con = duckdb.connect(str(db), read_only=True)
+    assert [a for (a,) in con.execute("SELECT args FROM cpu_ops ORDER BY ts_ns").fetchall()] == _ODD_ARGS
+    assert _args_compression(con) == {"ZSTD"}
+    con.close()
+
+
+def test_stores_of_other_formats_leave_args_to_duckdb(tmp_path: Path) -> None:
+    """In memory, or in a file of an older storage format (DuckDB 1.4's default, v1.0.0, which holds
+    no zstd strings), the schema carries no compression clause."""
+    old = tmp_path / "old.duckdb"
+    duckdb.connect(str(old), config={"storage_compatibility_version": "v1.0.0"}).close()
+    for con in (store.connect(None), store.connect(old)):
+        ddl = con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'cpu_ops'").fetchone()[0]
+        assert "args JSON" in ddl and "COMPRESSION" not in ddl
+        con.close()

@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS cpu_ops (
     input_dims   JSON,           -- args["Input Dims"] (record_shapes)
     input_types  JSON,           -- args["Input type"]
     trace_flops  DOUBLE,         -- args["flops"] where the profiler computed it (with_flops)
-    args         JSON
+    args         JSON /*raw_text_compression*/
 );
 
 -- GPU-side annotations (gpu_user_annotation): drawn only over kernels launched directly under
@@ -76,7 +76,7 @@ CREATE TABLE IF NOT EXISTS gpu_annotations (
     ts_ns       BIGINT NOT NULL,
     dur_ns      BIGINT NOT NULL,
     external_id BIGINT,
-    args        JSON
+    args        JSON /*raw_text_compression*/
 );
 
 -- Host launches: cuda_runtime / cuda_driver / Runtime (2021) and cuda_sync events.
@@ -92,7 +92,7 @@ CREATE TABLE IF NOT EXISTS runtime_calls (
     correlation BIGINT,          -- args.correlation: equals the correlation of what it launched
     external_id BIGINT,          -- args["External id"] (2021: args["external id"]): the CPU op above it
     cbid        INTEGER,
-    args        JSON
+    args        JSON /*raw_text_compression*/
 );
 
 -- Device kernels (kernel / Kernel).
@@ -108,7 +108,7 @@ CREATE TABLE IF NOT EXISTS kernels (
     external_id BIGINT,
     grid        JSON,
     block       JSON,
-    args        JSON
+    args        JSON /*raw_text_compression*/
 );
 
 -- Device copies and memsets (gpu_memcpy / Memcpy, gpu_memset / Memset).
@@ -124,7 +124,7 @@ CREATE TABLE IF NOT EXISTS copies (
     correlation BIGINT,
     external_id BIGINT,
     bytes       BIGINT,
-    args        JSON
+    args        JSON /*raw_text_compression*/
 );
 
 -- Flow events ('s', 'f', 't'): ac2g / async_cpu_to_gpu / async_gpu launch arrows, fwdbwd links.
@@ -138,7 +138,7 @@ CREATE TABLE IF NOT EXISTS flows (
     pid     BIGINT,
     tid     BIGINT,
     ts_ns   BIGINT,
-    args    JSON
+    args    JSON /*raw_text_compression*/
 );
 
 -- NCCL collective arguments, from record_param_comms CPU ops and from kernels that carry them.
@@ -179,7 +179,7 @@ CREATE TABLE IF NOT EXISTS other_events (
     tid     VARCHAR,
     ts_ns   BIGINT,
     dur_ns  BIGINT,
-    args    JSON
+    args    JSON /*raw_text_compression*/
 );
 
 -- NCCL-side records (Flight Recorder, NCCL Inspector, NCCL example profiler plugin), one row per
