@@ -266,6 +266,6 @@ def test_stores_of_other_formats_leave_args_to_duckdb(tmp_path: Path) -> None:
     old = tmp_path / "old.duckdb"
     duckdb.connect(str(old), config={"storage_compatibility_version": "v1.0.0"}).close()
     for con in (store.connect(None), store.connect(old)):
-        ddl = con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'cpu_ops'").fetchone()[0]
+        (ddl,) = con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'cpu_ops'").fetchall()[0]
         assert "args JSON" in ddl and "COMPRESSION" not in ddl
         con.close()
