@@ -172,15 +172,12 @@ def _named(con: duckdb.DuckDBPyConnection, paths: list[StepPath], file_of: dict[
     rank = seg.rank.tolist()
     step = np.repeat([p.step for p in paths], list(map(len, todo)))
     off = np.array([offsets.get(r, 0) for r in rank], np.int64)
-    con.register("path_segments", pa.table({   # on each rank's own clock, as the activities are
+    with store.registered(con, "path_segments", pa.table({   # on each rank's own clock, as the activities are
         "i": np.arange(n), "step": step, "f": [file_of[st][r] for st, r in zip(step.tolist(), rank, strict=True)],
         "kind": seg.kind, "s": seg.start_ns - off, "e": seg.end_ns - off,
-    }))
-    try:
+    })):
         segments = store.arrow_table(con, _GROUP_SEGMENTS)
         acts = store.arrow_table(con, _GROUP_ACTIVITIES)
-    finally:
-        con.unregister("path_segments")
     found, act = _longest_in(*(numpy_of(segments.column(c), np.int64) for c in ("gid", "s", "e")),
                              *(numpy_of(acts.column(c), np.int64) for c in ("gid", "ts_ns", "end_ns")))
     # Each distinct name shortened once (a run repeats a few hundred kernels over thousands of segments).

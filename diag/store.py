@@ -20,10 +20,6 @@ from diag.errors import BadInput
 
 SQL_DIR = resources.files("diag") / "sql"
 
-# Columns written from Arrow as raw JSON bytes (kineto.SCHEMAS binary columns, nccl_ops.record); DuckDB turns
-# them into JSON text in one vectorized pass.
-_JSON_COLUMNS = frozenset({"args", "input_dims", "input_types", "grid", "block", "in_split", "out_split", "record"})
-
 
 def sql_text(name: str) -> str:
     return (SQL_DIR / name).read_text()
@@ -141,13 +137,25 @@ def arrow_table(con: duckdb.DuckDBPyConnection, query: str, params: Any = None) 
     return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
 
 
+@contextmanager
+def registered(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table) -> Iterator[None]:
+    """`data` readable as `name` inside the block. After a statement fails in a transaction, DuckDB
+    refuses the unregister as well ("Current transaction is aborted"): the statement's own error
+    is the one that goes on."""
+    con.register(name, data)
+    try:
+        yield
+    except BaseException:
+        with suppress(duckdb.Error):
+            con.unregister(name)
+        raise
+    con.unregister(name)
+
+
 def insert_arrow(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
     """Append an Arrow table whose columns are `table`'s, in order."""
-    con.register("_rows", data)
-    try:
+    with registered(con, "_rows", data):
         con.execute(f"INSERT INTO {table} SELECT * FROM _rows")
-    finally:
-        con.unregister("_rows")
 
 
 def known_hashes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
@@ -235,29 +243,25 @@ class FileWriter:
     def flush(self) -> None:
         for name, parts in self.pending.items():
             table = pa.concat_tables(parts)
-            self._insert(name, table, "_incoming", lambda t=table: self.con.register("_incoming", t))
+            with registered(self.con, "_incoming", table):
+                self._insert(name, table, "_incoming")
         self.pending = {}
         self.pending_bytes = 0
 
     def add_parquet(self, name: str, path: str, schema: pa.Schema) -> None:
-        self._insert(name, schema.empty_table(), f"read_parquet('{_sql_str(path)}')", lambda: None)
+        self._insert(name, schema.empty_table(), f"read_parquet('{_sql_str(path)}')")
 
-    def _insert(self, name: str, like: pa.Table, source: str, register: Any) -> None:
-        cols, exprs = _names(like), _exprs(like)
+    def _insert(self, name: str, like: pa.Table, source: str) -> None:
+        cols = _names(like)
         if "rank" in like.column_names:
             cases = " ".join(f"WHEN {int(r)} THEN {int(f)}" for r, f in self.parts.items())
             file_id, rank = f'CASE "rank" {cases} END', '"rank"'
         else:
             file_id, rank = str(self.file_id), "NULL" if self.rank is None else str(int(self.rank))
-        register()
-        try:
-            self.con.execute(
-                f"INSERT INTO {name} (file_id, rank, {', '.join(cols)}) "
-                f"SELECT {file_id}, {rank}, {', '.join(exprs)} FROM {source}"
-            )
-        finally:
-            if source == "_incoming":
-                self.con.unregister("_incoming")
+        self.con.execute(
+            f"INSERT INTO {name} (file_id, rank, {', '.join(cols)}) "
+            f"SELECT {file_id}, {rank}, {', '.join(_quoted(cols))} FROM {source}"
+        )
 
     def finish(self, *file_rows: dict[str, Any], update: bool = False) -> int:
         """Write the file's row (a merged file: one per rank, each with its file_id) and commit.
@@ -343,12 +347,9 @@ def write_files(con: duckdb.DuckDBPyConnection,
                     for fid, (_, rank, tables) in zip(ids, files, strict=True) for t in tables.get(name, ())
                 ]
                 data = concat_small(parts)
-                con.register("_incoming", data)
-                try:
+                with registered(con, "_incoming", data):
                     con.execute(f"INSERT INTO {name} (file_id, rank, {', '.join(_names(data))}) "
-                                f"SELECT _file_id, _rank, {', '.join(_exprs(data))} FROM _incoming")
-                finally:
-                    con.unregister("_incoming")
+                                f"SELECT _file_id, _rank, {', '.join(_quoted(_names(data)))} FROM _incoming")
             by_cols: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             for fid, (row, _, _) in zip(ids, files, strict=True):
                 stored = _stored_row(row, fid)
@@ -389,13 +390,8 @@ def _names(like: pa.Table) -> list[str]:
     return [c for c in like.column_names if c not in ("rank", "_file_id", "_rank")]
 
 
-def _exprs(like: pa.Table) -> list[str]:
-    """`like`'s columns as INSERT … SELECT takes them: JSON columns held as bytes become JSON text."""
-    return [
-        f'CAST(decode("{c}") AS JSON)' if c in _JSON_COLUMNS and pa.types.is_binary(like.schema.field(c).type)
-        else f'"{c}"'
-        for c in _names(like)
-    ]
+def _quoted(names: list[str]) -> list[str]:
+    return [f'"{n}"' for n in names]
 
 
 def _sql_str(s: str) -> str:

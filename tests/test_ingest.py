@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 import pytest
 from helpers import kineto_traces, load_json, one, run_diag, shared_traces
 
@@ -227,6 +228,20 @@ def test_while_an_ingest_writes_duckdb_takes_the_cores_the_parse_leaves(tmp_path
     assert settings() == before
     con.close()
 
+
+
+def test_a_failed_insert_tells_its_own_error(tmp_path: Path) -> None:
+    """store.registered: inside a transaction a failed INSERT aborts it, and DuckDB then refuses the
+    unregister too; the INSERT's error is the one raised, and the name is free afterwards."""
+    con = store.connect(tmp_path / "s.duckdb")
+    con.execute("BEGIN TRANSACTION")
+    with pytest.raises(duckdb.ConversionException), \
+            store.registered(con, "_rows", pa.table({"x": pa.array(["not a number"])})):
+        con.execute("INSERT INTO cpu_ops (file_id, ts_ns, dur_ns) SELECT x, 0, 0 FROM _rows")
+    con.execute("ROLLBACK")
+    with store.registered(con, "_rows", pa.table({"x": pa.array([1])})):
+        assert con.execute("SELECT x FROM _rows").fetchall() == [(1,)]
+    con.close()
 
 # Args as a profiler may write them: spacing, key order, a float's own spelling, an escape.
 _ODD_ARGS = ['{"External id": 7,  "z": 1.50e2, "a": "caf\\u00e9"}', '{ }', '{"Input Dims": [[2, 3], []]}']
