@@ -550,7 +550,7 @@ def _schema(*cols: tuple[str, pa.DataType]) -> pa.Schema:
     return pa.schema(list(cols))
 
 
-# Raw JSON columns are Arrow's JSON type (_json_text), which DuckDB takes as its own.
+# Raw JSON columns are Arrow's JSON type (_raw_column), which DuckDB takes as its own.
 S, BIN, JSON, I64, I32, F64, B = pa.string(), pa.binary(), pa.json_(), pa.int64(), pa.int32(), pa.float64(), pa.bool_()
 SCHEMAS: dict[str, pa.Schema] = {
     "cpu_ops": _schema(
@@ -686,46 +686,57 @@ def _kinds(events: list[_Event], missing_ts: np.ndarray, bad: Counter[str]) -> n
     return kinds
 
 
-def _raw_column(raws: Sequence[msgspec.Raw], bad: Counter[str]) -> pa.Array:
-    """Raw JSON texts (each event's args, or one value of them) as one JSON column, null where an
-    event has none: the texts copied once (b"".join) behind offsets from their lengths, not a bytes
-    object and an Arrow conversion per event (the args of the 307 MB trace's 1.2M events: 0.50 s →
-    0.10 s)."""
+def _raw_column(raws: Sequence[msgspec.Raw | bytes], bad: Counter[str]) -> pa.Array:
+    """Raw JSON texts (each event's args, or one value of them) as one column of Arrow's JSON type
+    (UTF-8 text), which DuckDB stores as JSON as it is, null where an event has none: the texts
+    copied once (b"".join) behind offsets from their lengths, not a bytes object and an Arrow
+    conversion per event (the args of the 307 MB trace's 1.2M events: 0.50 s → 0.10 s).
+
+    msgspec has checked that each is JSON, all but the UTF-8 of the strings it skipped over (a name
+    cut mid-character, a stray byte); that is checked here on the joined texts, which begin and end
+    with ASCII (a brace, a bracket, a quote, a digit or a literal's letter), so they are UTF-8 exactly
+    when each one is. A text that is not is kept with each bad byte as U+FFFD, and counted. DuckDB
+    checking the JSON again (CAST AS JSON) took 0.25 s of the 307 MB trace's cpu_ops args, so 0.12 s."""
+    if not raws:
+        return _empty_json()
+    data = b"".join(raws)
+    if not (data.isascii() or _is_utf8(data)):
+        raws = _mended(raws, bad)
+        data = b"".join(raws)
     n = len(raws)
-    if not n:
-        return pa.array([], JSON)
     lengths = np.fromiter(map(len, raws), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = b"".join(raws)
     present = lengths > 0
     valid = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
     if len(data) < 2**31:
-        texts = pa.Array.from_buffers(BIN, n, [valid, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
-    else:
-        texts = pa.Array.from_buffers(pa.large_binary(), n, [valid, pa.py_buffer(offsets), pa.py_buffer(data)])
-    return _json_text(texts, bad)
+        return pa.Array.from_buffers(JSON, n, [valid, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+    return pa.Array.from_buffers(pa.json_(pa.large_string()), n, [valid, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def _json_text(texts: pa.Array, bad: Counter[str]) -> pa.Array:
-    """Binary JSON texts as Arrow's JSON type (UTF-8 text underneath), which DuckDB stores as JSON
-    as it is. msgspec has checked their JSON, all but the UTF-8 of the strings it skipped over (a
-    name cut mid-character, a stray byte): Arrow's cast checks that in one C pass, without a copy.
-    A text that is not UTF-8 is kept with each bad byte as U+FFFD, and counted. Checking the JSON
-    again in DuckDB (CAST AS JSON) took 0.25 s of the 307 MB trace's cpu_ops args, so 0.12 s."""
-    large = pa.types.is_large_binary(texts.type)
+@cache
+def _empty_json() -> pa.Array:
+    """Built on first use, as _empty_table (an empty array costs ~18 µs: most tables of a small file)."""
+    return pa.array([], JSON)
+
+
+def _is_utf8(data: bytes) -> bool:
     try:
-        utf8 = texts.cast(pa.large_string() if large else pa.string())
-    except pa.ArrowInvalid:
-        mended: list[str | None] = []
-        for v in texts.to_pylist():
-            try:
-                mended.append(None if v is None else v.decode("utf-8"))
-            except UnicodeDecodeError:
-                bad["not_utf8"] += 1
-                mended.append(v.decode("utf-8", "replace"))
-        utf8 = pa.array(mended, pa.large_string() if large else pa.string())
-    return pa.ExtensionArray.from_storage(pa.json_(utf8.type), utf8)
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _mended(raws: Sequence[msgspec.Raw | bytes], bad: Counter[str]) -> list[bytes]:
+    out = []
+    for raw in raws:
+        text = bytes(raw)
+        if not _is_utf8(text):
+            bad["not_utf8"] += 1
+            text = text.decode("utf-8", "replace").encode()
+        out.append(text)
+    return out
 
 
 class _Chunk:
@@ -942,10 +953,9 @@ def _tabulate(events: list[_Event], raws: list[msgspec.Raw], bad: Counter[str]) 
     coll = _collective_rows("cpu_op", cpu, chunk.raws_of(CPU), bad)
     for k, v in _collective_rows("kernel", kernels, chunk.raws_of(KERNELS), bad).items():
         coll[k].extend(v)
-    coll["ts_ns"] = _ns_array(coll["ts_ns"])
-    coll["dur_ns"] = _ns_array(coll["dur_ns"])
-    coll["in_split"] = _raw_column(coll["in_split"], bad)
-    coll["out_split"] = _raw_column(coll["out_split"], bad)
+    if coll["source"]:   # most chunks name no collective: their table is the empty one
+        coll.update(ts_ns=_ns_array(coll["ts_ns"]), dur_ns=_ns_array(coll["dur_ns"]),
+                    in_split=_raw_column(coll["in_split"], bad), out_split=_raw_column(coll["out_split"], bad))
     tables["collective_args"] = _table("collective_args", bad, coll)
 
     sample = kernels[:1] + runtime[:1] + cpu[:1]
