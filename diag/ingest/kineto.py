@@ -551,7 +551,7 @@ def _schema(*cols: tuple[str, pa.DataType]) -> pa.Schema:
 
 
 # Raw JSON columns are Arrow's JSON type (_raw_column), which DuckDB takes as its own.
-S, BIN, JSON, I64, I32, F64, B = pa.string(), pa.binary(), pa.json_(), pa.int64(), pa.int32(), pa.float64(), pa.bool_()
+S, JSON, I64, I32, F64, B = pa.string(), pa.json_(), pa.int64(), pa.int32(), pa.float64(), pa.bool_()
 SCHEMAS: dict[str, pa.Schema] = {
     "cpu_ops": _schema(
         ("cat", S), ("name", S), ("pid", I64), ("tid", I64), ("ts_ns", I64), ("dur_ns", I64),
