@@ -71,15 +71,19 @@ _ZSTD_STORAGE = (1, 2, 0)
 
 def _zstd_strings(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the store is a file whose storage format holds zstd-compressed strings."""
-    row = con.execute("SELECT tags FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
-    version = re.match(r"v(\d+)\.(\d+)\.(\d+)", (row[0] or {}).get("storage_version", "") if row else "")
+    version = re.match(r"v(\d+)\.(\d+)\.(\d+)", (_this_database(con, "tags") or {}).get("storage_version", ""))
     return version is not None and tuple(map(int, version.groups())) >= _ZSTD_STORAGE
+
+
+def _this_database(con: duckdb.DuckDBPyConnection, column: str) -> Any:
+    """A column of duckdb_databases() for the store (its `path`: None in memory; its `tags`)."""
+    row = con.execute(f"SELECT {column} FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+    return row[0] if row else None
 
 
 def name(con: duckdb.DuckDBPyConnection) -> str:
     """The store's file as messages name it (an in-memory store has none)."""
-    row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
-    return str(row[0]) if row and row[0] else "the in-memory store"
+    return str(_this_database(con, "path") or "the in-memory store")
 
 
 @contextmanager
@@ -324,10 +328,10 @@ def disk_full(e: BaseException) -> bool:
 
 def _db_path(con: duckdb.DuckDBPyConnection) -> str:
     try:
-        row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+        path = _this_database(con, "path")
     except duckdb.Error:
-        row = None
-    return str(row[0]) if row and row[0] else "the store"
+        path = None
+    return str(path or "the store")
 
 
 def write_files(con: duckdb.DuckDBPyConnection,
