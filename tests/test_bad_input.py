@@ -212,14 +212,15 @@ def test_typed_args_of_an_unexpected_type_or_range_are_kept_raw_and_counted(tmp_
 def test_args_with_bytes_that_are_not_utf8_are_mended_and_counted(tmp_path: Path) -> None:
     """A byte that is not UTF-8 inside an args string (a name cut mid-character) passes the JSON
     check, which skips over what it does not type: the event is kept, its args stored with the bad
-    bytes as U+FFFD, every other byte as written, and the texts counted in one warning."""
+    bytes as U+FFFD, every other byte as written, and each such byte sequence counted in one warning
+    ("caf\\xc3" is one, "\\xff\\xfe" two, as Python's "replace" reads them)."""
     bad = [b'{"note": "caf\xc3", "External id": 41}', b'{"Input Dims": [[1]], "x": "\xff\xfe"}']
     events = [json.dumps({k: v for k, v in e.items() if k != "args"})[:-1].encode() + b', "args": ' + a + b"}"
               for e, a in zip(EVENTS, bad, strict=False)]
     f = tmp_path / "rank-0.json"
     f.write_bytes(b'{"distributedInfo": {"rank": 0}, "traceEvents": [' + b",\n".join(events) + b"]}")
     code, err = ingest(tmp_path, f)
-    assert code == 0 and "values: 2 args texts held bytes that are not UTF-8" in err, err
+    assert code == 0 and "values: 3 byte sequences were not UTF-8" in err, err
     con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
     assert con.execute("SELECT external_id, args::VARCHAR, input_dims::VARCHAR FROM cpu_ops ORDER BY ts_ns").fetchall() == [
         (41, '{"note": "caf\ufffd", "External id": 41}', None),

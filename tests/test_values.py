@@ -53,6 +53,38 @@ def test_an_event_that_is_not_one_is_named_by_its_index_in_the_file(tmp_path: Pa
         list(read_kineto(str(f), f.read_bytes(), chunk_bytes=300)[1])
 
 
+def test_a_name_with_bytes_that_are_not_utf8_is_mended_and_counted(tmp_path: Path) -> None:
+    """A typed string (an op's name cut mid-character) holding a byte that is not UTF-8: msgspec's
+    check of the whole document skips over it, the typed decode refuses it. The event is kept with
+    the byte as U+FFFD and counted; before, the whole file was refused ("events from byte 1 do not
+    decode as a list"). Small chunks: the mend happens in whichever chunk holds the byte."""
+    f = _write(tmp_path / "rank-0.json", _events())
+    text = f.read_bytes()
+    f.write_bytes(text.replace(b'"aten::op7"', b'"aten::op\xe97"').replace(b'"aten::op12"', b'"aten::\xff\xfeop12"'))
+    info, chunks = read_kineto(str(f), f.read_bytes(), chunk_bytes=300)
+    names = [n for t in chunks for n in t["cpu_ops"]["name"].to_pylist()]
+    expected = [f"aten::op{i}" for i in range(20)]
+    expected[7], expected[12] = "aten::op\ufffd7", "aten::\ufffd\ufffdop12"
+    assert names == expected
+    assert "values: 3 byte sequences were not UTF-8 (a string cut mid-character?); each kept as U+FFFD" in info.warnings
+
+
+def test_parsed_ranges_are_released_as_bytes_of_the_file(tmp_path: Path) -> None:
+    """`release` is told file offsets (it hands those pages of the file's map back): each range lies
+    within the events array, and together they cover its events, whatever precedes the array."""
+    f = tmp_path / "rank-0.json"
+    f.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 1, "pad": "x" * 5000},
+                             "traceEvents": _events(200), "after": "y" * 3000}))
+    data = f.read_bytes()
+    first, last = data.index(b'{"ph"'), data.rindex(b"}]") + 1     # the first event, the end of the last
+    released: list[tuple[int, int]] = []
+    _, chunks = read_kineto(str(f), data, chunk_bytes=2000, release=lambda a, b: released.append((a, b)))
+    assert sum(t["cpu_ops"].num_rows for t in chunks) == 200
+    assert len(released) > 5 and released[0][0] == first and released[-1][1] == last
+    assert all(a < b and data[a:a + 1] == b"{" for a, b in released)
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(released, released[1:], strict=False))
+
+
 def test_named_pids_and_tids_are_mapped_not_dropped(tmp_path: Path) -> None:
     events = _events(6)
     for e in events[:3]:

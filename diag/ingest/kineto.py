@@ -238,26 +238,36 @@ def read_kineto(
     file of SPLIT_BYTES or more is parsed at the same time in a forked child (diag/ingest/forked.py).
     With `rank_map` (a merged file), every table gets a `rank` column and each event its original pid.
     """
-    head, damage = _decode_head(path, data, salvage)
+    head, damage, decoded = _decode_head(path, data, salvage)
     info = KinetoFile(
         schema_version=head.schemaVersion, time_unit=head.displayTimeUnit,
         base_time_ns=head.baseTimeNanoseconds, device_props=_json_or_none(path, "deviceProperties", head.deviceProperties),
         distributed_info=_json_or_none(path, "distributedInfo", head.distributedInfo), partial=damage is not None, damage_offset=damage,
     )
-    return info, _chunks(path, info, head.traceEvents, chunk_bytes, release, split, rank_map)
+    return info, _chunks(path, info, decoded, head.traceEvents, chunk_bytes, release, split, rank_map)
+
+
+def _offset_in(data: Any, part: msgspec.Raw) -> int:
+    """Where `part`, a slice of `data` that msgspec decoded without a copy, begins in it."""
+    return int(np.frombuffer(part, np.uint8).__array_interface__["data"][0]
+               - np.frombuffer(data, np.uint8).__array_interface__["data"][0])
 
 
 def _chunks(
-    path: str, info: KinetoFile, events: msgspec.Raw, chunk_bytes: int, release: Any, split: bool,
+    path: str, info: KinetoFile, data: Any, events: msgspec.Raw, chunk_bytes: int, release: Any, split: bool,
     rank_map: RankMap | None,
 ) -> Iterator[dict[str, pa.Table]]:
+    """The tables of the events array `events`, read in place from `data`, the buffer it was decoded
+    from (the file's content, or a salvaged copy of its first bytes): every position below is a byte
+    of the file, as `release` and an error's offset want."""
     bad: Counter[str] = Counter()
-    mv = memoryview(events)
-    end = len(mv)
-    while end > 0 and mv[end - 1] != ord("]"):
+    mv = memoryview(data)
+    base = _offset_in(data, events) if len(events) else 0
+    end = base + len(events)
+    while end > base and mv[end - 1] != ord("]"):
         end -= 1
     end -= 1                                    # the closing bracket
-    pos = 1                                     # after the opening bracket
+    pos = base + 1                              # after the opening bracket
     while pos < end and mv[pos] in b" \t\r\n":
         pos += 1
     half = None
@@ -308,7 +318,7 @@ def _range(
     while pos < end:
         limit = stop if stop is not None and pos < stop else end
         cut, nxt = _cut(mv, pos, limit, chunk_bytes)
-        piece = b"[" + mv[pos:cut].tobytes() + b"]"
+        piece, mended = b"[" + mv[pos:cut].tobytes() + b"]", 0
         with _no_gc():
             while True:
                 try:
@@ -317,13 +327,19 @@ def _range(
                 except _BadEvent as e:
                     raise BadInput(path, f"event {info.n_events + e.index} {e.reason}") from None
                 except msgspec.DecodeError:
+                    if not mended and not (piece.isascii() or _is_utf8(piece)):
+                        # A typed string (a name cut mid-character) holds bytes that are not UTF-8,
+                        # which the whole document's check skipped over: kept, as in _raw_column.
+                        piece, mended = _mend_utf8(piece)
+                        continue
                     if cut == stop:
                         return pos
                     if cut >= end:
                         raise BadInput(path, f"events from byte {pos} do not decode as a list") from None
                     # The boundary fell inside a string or a nested object: take the next one.
                     cut, nxt = _cut(mv, nxt, end, 0)
-                    piece = b"[" + mv[pos:cut].tobytes() + b"]"
+                    piece, mended = b"[" + mv[pos:cut].tobytes() + b"]", 0
+            bad["not_utf8"] += mended
             raws = [r.args for r in _raw_args_decoder.decode(piece)]
             try:
                 tables, era_2021 = _tabulate(evs, raws, bad) if rank_map is None else \
@@ -400,7 +416,8 @@ def _typed_events(piece: bytes, bad: Counter[str]) -> list[_Event]:
 # --------------------------------------------------------------------------- decoding
 
 
-def _decode_head(path: str, data: Any, salvage: bool) -> tuple[_Head, int | None]:
+def _decode_head(path: str, data: Any, salvage: bool) -> tuple[_Head, int | None, Any]:
+    """The document's head, where it is damaged (with `salvage`), and the buffer it was decoded from."""
     try:
         head = _head_decoder.decode(data)
     except msgspec.ValidationError as e:
@@ -411,10 +428,11 @@ def _decode_head(path: str, data: Any, salvage: bool) -> tuple[_Head, int | None
         offset = _error_offset(e, len(data))
         if not salvage:
             raise BadInput(path, f"{_describe(e, data, offset)}; --salvage keeps the events before it", offset) from None
-        return _salvage(path, data, offset), offset
+        head, cut = _salvage(path, data, offset)
+        return head, offset, cut
     if memoryview(head.traceEvents)[:1].tobytes() != b"[":
         raise BadInput(path, "not a Kineto trace: traceEvents is not a list", 0)
-    return head, None
+    return head, None, data
 
 
 def _error_offset(e: msgspec.DecodeError, size: int) -> int:
@@ -439,14 +457,17 @@ def _describe(e: msgspec.DecodeError, data: bytes, offset: int) -> str:
 _ELEMENT_END = re.compile(rb"\}\s*,")
 
 
-def _salvage(path: str, data: Any, offset: int) -> _Head:
+def _salvage(path: str, data: Any, offset: int) -> tuple[_Head, bytes]:
+    """The head of the document cut after its last complete event before `offset`, and that cut
+    document (a copy of the file's first bytes, then the closing brackets)."""
     start = data.find(b'"traceEvents"')
     if start < 0 or start > offset:
         raise BadInput(path, "damaged before any trace event; nothing to salvage", offset)
     ends = [m.start() for m in _ELEMENT_END.finditer(data, start, offset)]
     for end in reversed(ends[-64:]):
+        cut = data[: end + 1] + b"]}"
         try:
-            return _head_decoder.decode(data[: end + 1] + b"]}")
+            return _head_decoder.decode(cut), cut
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             continue
     raise BadInput(path, "damaged before the first complete trace event; nothing to salvage", offset)
@@ -541,7 +562,7 @@ def value_warnings(bad: Counter[str]) -> list[str]:
         "negative_dur": "events had a negative duration; kept with duration 0",
         "no_ph": "events had no 'ph'; those with ts and dur read as complete ('X') events, the rest kept aside",
         "named_ids": "pid/tid values were names, not numbers; each name read as its own (negative) id",
-        "not_utf8": "args texts held bytes that are not UTF-8 (a string cut mid-character?); kept with each such byte as U+FFFD",
+        "not_utf8": "byte sequences were not UTF-8 (a string cut mid-character?); each kept as U+FFFD",
     }
     return [f"values: {bad[k]} {text}" for k, text in said.items() if bad[k]]
 
@@ -733,10 +754,19 @@ def _mended(raws: Sequence[msgspec.Raw | bytes], bad: Counter[str]) -> list[byte
     for raw in raws:
         text = bytes(raw)
         if not _is_utf8(text):
-            bad["not_utf8"] += 1
-            text = text.decode("utf-8", "replace").encode()
+            text, n = _mend_utf8(text)
+            bad["not_utf8"] += n
         out.append(text)
     return out
+
+
+_REPLACEMENT = "\ufffd".encode()
+
+
+def _mend_utf8(data: bytes) -> tuple[bytes, int]:
+    """`data` with each byte sequence that is not UTF-8 as U+FFFD, and how many there were."""
+    text = data.decode("utf-8", "replace")
+    return text.encode(), text.count("\ufffd") - data.count(_REPLACEMENT)
 
 
 class _Chunk:
