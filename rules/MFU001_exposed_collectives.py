@@ -20,6 +20,31 @@ class Params(msgspec.Struct, frozen=True):
     slow_vs_reach: float = 0.5
 
 
+# What hides exposed communication in training depends on what it is: the largest group's kind
+# picks the knobs. A gradient all-reduce is data parallelism (DDP, Megatron without the distributed
+# optimizer) or a tensor-parallel layer's; all-gathers and reduce-scatters are sharded data
+# parallelism (FSDP, ZeRO, Megatron's distributed optimizer) or sequence parallelism; an all-to-all
+# is expert parallelism (MoE token dispatch and combine). Send/recv is pipeline parallelism: MFU002.
+_TRAINING_ADVICE = {
+    "allreduce": "overlap the gradient all-reduce with backward: DDP bucket_cap_mb, Megatron --overlap-grad-reduce; "
+                 "a tensor-parallel all-reduce: --sequence-parallel with --tp-comm-overlap",
+    "allgather": "overlap parameter all-gathers and gradient reduce-scatters with compute: FSDP forward_prefetch=True "
+                 "and backward_prefetch=BACKWARD_PRE (FSDP2: explicit forward/backward prefetch), Megatron's "
+                 "distributed optimizer with --overlap-param-gather and --overlap-grad-reduce; sequence-parallel "
+                 "all-gathers: --tp-comm-overlap",
+    "alltoall": "overlap the expert-parallel all-to-all (token dispatch and combine) with expert compute: Megatron "
+                "--overlap-moe-expert-parallel-comm (with --delay-wgrad-compute), the flex dispatcher with DeepEP or "
+                "HybridEP (--moe-token-dispatcher-type flex); or fewer expert-parallel ranks, each group within a node",
+    "": "overlap gradient communication with backward: DDP bucket_cap_mb, Megatron "
+        "--overlap-grad-reduce/--overlap-param-gather, FSDP backward_prefetch/forward_prefetch; "
+        "tensor-parallel: --tp-comm-overlap",
+}
+_TRAINING_ADVICE["reducescatter"] = _TRAINING_ADVICE["allgather"]
+# How each kind sends fewer, larger messages when the largest group is latency-bound.
+_LARGER_MESSAGES = {"allreduce": "a larger bucket_cap_mb, ", "allgather": "larger FSDP units, ",
+                    "reducescatter": "larger FSDP units, ", "alltoall": "more tokens per dispatch, "}
+
+
 class ExposedCollectives(Rule[Params]):
     """Communication the compute does not hide.
 
@@ -34,9 +59,11 @@ class ExposedCollectives(Rule[Params]):
     Why it costs MFU: while a collective runs alone the tensor cores are idle; overlapping it
     with the backward pass (or the next layer's forward) hides it entirely.
 
-    What to do: overlap gradient reduction with backward (DDP `bucket_cap_mb`, Megatron
-    `--overlap-grad-reduce`/`--overlap-param-gather`, FSDP `backward_prefetch=BACKWARD_PRE`,
-    `forward_prefetch=True`), tensor-parallel overlap (`--tp-comm-overlap`); when bus bandwidth
+    What to do, by the largest group's kind (_TRAINING_ADVICE): overlap gradient reduction with
+    backward (DDP `bucket_cap_mb`, Megatron `--overlap-grad-reduce`/`--overlap-param-gather`, FSDP
+    `backward_prefetch=BACKWARD_PRE`, `forward_prefetch=True`), tensor-parallel overlap
+    (`--tp-comm-overlap`), expert-parallel overlap of the MoE all-to-all
+    (`--overlap-moe-expert-parallel-comm`, DeepEP); when bus bandwidth
     is far below what the size can reach, check NCCL's topology and algorithm (NCCL_DEBUG=INFO,
     NCCL_ALGO); when latency-bound, send fewer, larger messages (a larger bucket_cap_mb).
     Inference (no backward pass): larger batches per forward, fewer tensor-parallel ranks, an
@@ -70,9 +97,8 @@ class ExposedCollectives(Rule[Params]):
                         f"{g.exposed_ms / rank_steps:.2f} ms of transfer exposed per step in {g.count} calls "
                         "over all ranks and steps")
             summary += g.bandwidth_text()
-        advice = ("overlap gradient communication with backward: DDP bucket_cap_mb, Megatron "
-                  "--overlap-grad-reduce/--overlap-param-gather, FSDP backward_prefetch/forward_prefetch; "
-                  "tensor-parallel: --tp-comm-overlap")
+        kind = normalize_collective(top[0].collective) if top else None
+        advice = _TRAINING_ADVICE.get(kind or "", _TRAINING_ADVICE[""])
         if run.inference:   # no gradients: what is exposed is tensor/expert-parallel traffic of the forward
             advice = ("hide the forward's collectives behind compute: larger batches per forward, fewer "
                       "tensor-parallel ranks (--tensor-parallel-size) where the model fits, all-reduce fused "
@@ -82,9 +108,9 @@ class ExposedCollectives(Rule[Params]):
                        "their message size allows on their link: check NCCL topology and algorithm "
                        "(NCCL_DEBUG=INFO, NCCL_ALGO, NCCL_IB_* settings)")
         if any(g.latency_bound for g in top[:1]):
-            fewer = "larger batches per forward" if run.inference else "a larger bucket_cap_mb"
-            advice += (f"; the largest group is latency-bound: fewer, larger messages ({fewer}, "
-                       "coalesced collectives) amortize NCCL's fixed cost per call")
+            fewer = "larger batches per forward" if run.inference else _LARGER_MESSAGES.get(kind or "", "")
+            advice += (f"; the largest group is latency-bound: fewer, larger messages ({fewer}coalesced "
+                       "collectives) amortize NCCL's fixed cost per call")
         evidence = [f"coll:{inst}" for g in top for inst in g.instances[:3]]
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("exposed_comm"), ranks, steps,

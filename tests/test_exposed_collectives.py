@@ -12,7 +12,7 @@ import pytest
 
 from diag.api import analyze_path
 from diag.engine import AnalyzeOptions
-from diag.links import LINKS, reach, ring_steps
+from diag.links import LINKS, normalize_collective, reach, ring_steps
 from fixtures.generate import generate
 from rules.MFU001_exposed_collectives import ExposedCollectives
 
@@ -114,3 +114,22 @@ def test_an_unknown_message_size_is_said_to_be_unknown(tmp_path: Path) -> None:
     assert "(size unknown)" in f["summary"] and "MiB" not in f["summary"] and "bus bandwidth" not in f["summary"]
     g = f["details"]["groups"][0]
     assert g["msg_bytes"] is None and g["size_mib"] is None and g["busbw_gbps"] is None
+
+
+@pytest.mark.parametrize(("written", "knob", "not_said"), [
+    ("allreduce", "bucket_cap_mb", "--overlap-moe-expert-parallel-comm"),
+    ("all_to_all", "--overlap-moe-expert-parallel-comm", "bucket_cap_mb"),
+    ("_allgather_base", "forward_prefetch=True", "bucket_cap_mb"),
+    ("reduce_scatter_tensor_coalesced", "--overlap-param-gather", "bucket_cap_mb"),
+])
+def test_the_advice_names_the_knobs_of_the_exposed_collectives_kind(tmp_path: Path, written: str, knob: str,
+                                                                    not_said: str) -> None:
+    """The same exposed collective, written as each kind: a gradient all-reduce is data parallelism
+    (DDP's bucket_cap_mb), an all-to-all expert parallelism (MoE dispatch and combine: DDP's knobs
+    would not touch it), all-gathers and reduce-scatters sharded data parallelism (FSDP, ZeRO)."""
+    generate("exposed_comm", tmp_path, steps=1)
+    for path in tmp_path.glob("rank-*.json"):
+        path.write_text(path.read_text().replace('"Collective name": "allreduce"', f'"Collective name": "{written}"'))
+    f = next(f for f in _analyze(tmp_path)["findings"] if f["code"] == "MFU001")
+    assert normalize_collective(f["details"]["groups"][0]["collective"]) == normalize_collective(written)
+    assert knob in f["advice"] and not_said not in f["advice"], f["advice"]
