@@ -10,7 +10,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from helpers import one, run_diag
+from helpers import one, run_diag, shared_traces
 
 from diag.errors import BadInput
 from diag.ingest.kineto import read_kineto
@@ -83,6 +83,26 @@ def test_parsed_ranges_are_released_as_bytes_of_the_file(tmp_path: Path) -> None
     assert len(released) > 5 and released[0][0] == first and released[-1][1] == last
     assert all(a < b and data[a:a + 1] == b"{" for a, b in released)
     assert all(b1 <= a2 for (_, b1), (a2, _) in zip(released, released[1:], strict=False))
+
+
+def test_a_stream_written_as_hex_text_is_its_number(tmp_path: Path) -> None:
+    """ROCm's roctracer writes each HIP call's stream as text ("stream": "0x0"), and a GPU event's
+    may be so too: the number it names, not a typed value counted as unexpected (every ROCm trace
+    warned so), nor the GPU row's tid. Text that names no number falls back to the tid, counted."""
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 9, "ts": 1000 + 10 * i, "dur": 5,
+               "args": {"device": 0, "stream": stream, "correlation": i}}
+              for i, stream in enumerate(["0x1f", "0X2", "12", 3, "default"])]
+    f = _write(tmp_path / "rank-0.json", events)
+    info, chunks = read_kineto(str(f), f.read_bytes())
+    assert [s for t in chunks for s in t["kernels"]["stream"].to_pylist()] == [31, 2, 12, 3, 9]
+    assert info.warnings == ["values: 1 typed values were of an unexpected type or out of range; kept raw, typed what fit"]
+    rocm = shared_traces() / "HolisticTraceAnalysis/tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    r = run_diag("ingest", str(rocm), "--db", str(tmp_path / "x.duckdb"))
+    assert r.returncode == 0 and "typed values" not in r.stderr, r.stderr
+    con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
+    # Its 14 kernels ran on stream 0, as their own args say; its 16 HIP calls on "0x0".
+    assert con.execute("SELECT stream, count(*) FROM kernels GROUP BY stream").fetchall() == [(0, 14)]
+    con.close()
 
 
 def test_named_pids_and_tids_are_mapped_not_dropped(tmp_path: Path) -> None:

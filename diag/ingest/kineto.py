@@ -54,7 +54,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     external_id: int | None = msgspec.field(default=None, name="External id")
     cbid: int | None = None
     device: int | None = None
-    stream: int | None = None
+    stream: int | str | None = None   # ROCm's roctracer writes a hex string ("0x0"): _stream_or_tid
     correlation: int | None = None
     bytes: int | None = None
     grid: msgspec.Raw = _NO_RAW
@@ -853,9 +853,20 @@ def _gpu_columns(chunk: _Chunk, first: int, last: int | None = None) -> tuple[li
         **cols,
         "external_id": _exts(evs),
         "device": [e.args.device if e.args.device is not None else _int_or_none(e.pid) for e in evs],
-        "stream": [e.args.stream if e.args.stream is not None else _int_or_none(e.tid) for e in evs],
+        "stream": [st if type(st := e.args.stream) is int else _stream_or_tid(st, e.tid, chunk.bad) for e in evs],
         "correlation": [e.args.correlation for e in evs],
     }
+
+
+def _stream_or_tid(stream: str | None, tid: int | str | None, bad: Counter[str]) -> int | None:
+    """A GPU event's stream written as text (ROCm: "0x0", a runtime call's as well, which no column
+    keeps), else the GPU row's tid, as the 2021 schema gives it. Text that is no number is counted."""
+    if stream is not None:
+        try:
+            return int(stream, 16) if stream[:2] in ("0x", "0X") else int(stream)
+        except ValueError:
+            bad["typed"] += 1
+    return _int_or_none(tid)
 
 
 def _host_columns(chunk: _Chunk, kind: int) -> tuple[list[_Event], dict[str, Any]]:
