@@ -91,6 +91,9 @@ class _Rows:
     def split(self, ranks: list[int]) -> None:
         pass   # a merged file's ranks: nothing to number here
 
+    def flush(self) -> None:
+        pass   # nothing buffered
+
 
 def test_no_exception_escapes_a_files_ingest(tmp_path: Path) -> None:
     files = samples()

@@ -122,3 +122,44 @@ def test_the_childs_tables_and_counts_come_back_in_order_a_table_at_a_time() -> 
     assert tables[0]["a"].column("x").to_pylist() == [0, 0, 1, 1, 2, 2]
     assert tables[1]["b"].column("y").to_pylist() == ["0", "1", "2"]
     assert not any("empty" in t for t in tables) and info.n_events == 6 and bad == {"typed": 3}
+
+
+def test_this_process_writes_its_rows_while_the_child_still_parses(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Done with its part before the child, this process writes what it holds rather than wait
+    idle: the sink is flushed after the last of its tables and before the first of the child's,
+    and only while the child runs (one INSERT a table otherwise, not two). The file reads alike."""
+    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
+               "args": {"External id": i}} for i in range(400)]
+    f = tmp_path / "rank-0.json"
+    f.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    data = f.read_bytes()
+    for child_running in (True, False):
+        calls: list[str] = []
+        monkeypatch.setattr(SecondHalf, "running", lambda self, r=child_running: r)
+        info, chunks = kineto.read_kineto(str(f), data, chunk_bytes=2000, split=True,
+                                          while_waiting=lambda: calls.append("flush"))
+        ops = []
+        for t in chunks:
+            calls.append("tables")
+            ops += t["cpu_ops"].column("name").to_pylist() if "cpu_ops" in t else []
+        assert ops == [e["name"] for e in events]
+        mine = calls.index("flush") if child_running else None
+        assert calls.count("flush") == (1 if child_running else 0)
+        # This process's chunks (several, of 2000 bytes), the flush, then the child's, a table at a time.
+        assert mine is None or (mine > 1 and calls[mine + 1:] and set(calls[mine + 1:]) == {"tables"})
+
+
+def test_a_child_found_ended_is_reaped_once_and_its_tables_still_come_back() -> None:
+    def parse(info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
+        info.n_events += 1
+        yield {"t": pa.table({"x": [7]})}
+
+    info = kineto.KinetoFile.blank()
+    with SecondHalf(parse) as half:
+        while half.running():   # reaps the child when it has ended
+            pass
+        assert not half.running() and half.pid == 0
+        tables = list(half.tables(info, Counter()))   # no second wait for the reaped child
+    assert [t["t"].column("x").to_pylist() for t in tables] == [[7]] and info.n_events == 1

@@ -45,6 +45,7 @@ class SecondHalf:
         import numpy.ma  # noqa: F401
 
         self.dir = tempfile.mkdtemp(prefix="diag-half-", dir=scratch_dir())
+        self.status = -1   # the child's wait status, once reaped
         parent = os.getpid()
         try:
             self.pid = os.fork()
@@ -79,10 +80,21 @@ class SecondHalf:
     def _stream(self, name: str) -> str:
         return os.path.join(self.dir, f"{name}.arrows")
 
+    def running(self) -> bool:
+        """Whether the child is still parsing (if it has ended, it is reaped here and its status kept)."""
+        if self.pid:
+            pid, self.status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == 0:
+                return True
+            self.pid = 0
+        return False
+
     def tables(self, info: KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
         """The second half's tables (adding its counts to `info` and `bad`), once the child is done."""
-        _, status = os.waitpid(self.pid, 0)
-        self.pid = 0
+        if self.pid:
+            _, self.status = os.waitpid(self.pid, 0)
+            self.pid = 0
+        status = self.status
         done = Path(self.dir, "info.json")
         if status != 0 or not done.exists():
             yield from self.parse(info, bad)

@@ -16,7 +16,7 @@ import gc
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import cache, lru_cache
 from operator import itemgetter
@@ -228,6 +228,7 @@ class KinetoFile(msgspec.Struct):
 def read_kineto(
     path: str, data: Any, salvage: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     release: Any = None, split: bool = False, rank_map: RankMap | None = None,
+    while_waiting: Callable[[], None] | None = None,
 ) -> tuple[KinetoFile, Iterator[dict[str, pa.Table]]]:
     """The file's metadata, and its event tables one bounded chunk at a time.
 
@@ -237,6 +238,8 @@ def read_kineto(
     `data` is done with (memory-mapped files drop those pages). With `split`, the second part of a
     file of SPLIT_BYTES or more is parsed at the same time in a forked child (diag/ingest/forked.py).
     With `rank_map` (a merged file), every table gets a `rank` column and each event its original pid.
+    `while_waiting` is called when this process is done with its part and the child is not (the
+    consumer writes what it holds of the tables yielded so far, rather than wait idle).
     """
     head, damage, decoded = _decode_head(path, data, salvage)
     info = KinetoFile(
@@ -244,7 +247,7 @@ def read_kineto(
         base_time_ns=head.baseTimeNanoseconds, device_props=_json_or_none(path, "deviceProperties", head.deviceProperties),
         distributed_info=_json_or_none(path, "distributedInfo", head.distributedInfo), partial=damage is not None, damage_offset=damage,
     )
-    return info, _chunks(path, info, decoded, head.traceEvents, chunk_bytes, release, split, rank_map)
+    return info, _chunks(path, info, decoded, head.traceEvents, chunk_bytes, release, split, rank_map, while_waiting)
 
 
 def _offset_in(data: Any, part: msgspec.Raw) -> int:
@@ -255,7 +258,7 @@ def _offset_in(data: Any, part: msgspec.Raw) -> int:
 
 def _chunks(
     path: str, info: KinetoFile, data: Any, events: msgspec.Raw, chunk_bytes: int, release: Any, split: bool,
-    rank_map: RankMap | None,
+    rank_map: RankMap | None, while_waiting: Callable[[], None] | None,
 ) -> Iterator[dict[str, pa.Table]]:
     """The tables of the events array `events`, read in place from `data`, the buffer it was decoded
     from (the file's content, or a salvaged copy of its first bytes): every position below is a byte
@@ -284,6 +287,8 @@ def _chunks(
                                     None if half is None else stop, rank_map)
         if half is not None:
             if stopped == stop:   # the child's tables follow this process's, in order
+                if while_waiting is not None and half.running():
+                    while_waiting()
                 yield from half.tables(info, bad)
             else:
                 # The split is not between two events (it fell inside a string): the child began

@@ -130,6 +130,9 @@ class Sink(Protocol):
 
     def add(self, tables: dict[str, pa.Table]) -> None: ...
 
+    def flush(self) -> None:
+        """Write what `add` has buffered; the parse calls it while it waits on its forked child."""
+
 
 def parse_into(
     path: str, known: frozenset[str], opts: IngestOptions, explicit: bool, sink: Sink, split: bool = False,
@@ -153,7 +156,7 @@ def parse_into(
         return Skipped(path, "not a trace (no traceEvents)")
     merged = rank_map(src.data)
     info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release, split=split,
-                               rank_map=merged)
+                               rank_map=merged, while_waiting=sink.flush)
     warnings = [fmt.warning] if fmt.warning else []
     rank, world, backend = rank_from_distributed_info(info.distributed_info)
     source: str | None = "distributedInfo"
@@ -273,6 +276,9 @@ class _Held:
                 self.tables.setdefault(name, []).append(t)
                 self.nbytes += store.arrow_bytes(t)
 
+    def flush(self) -> None:
+        """Nothing to write: the batch writes the held files."""
+
 
 class _Merged(Exception):
     """A small file that holds several ranks: FileWriter numbers its parts, so it is not held."""
@@ -304,6 +310,9 @@ class _ParquetSpill:
                     self.writers[name] = pq.ParquetWriter(os.path.join(self.dir, f"{name}.parquet"), t.schema,
                                                           compression="none")
                 self.writers[name].write_table(t)
+
+    def flush(self) -> None:
+        """Nothing buffered: add writes each table as it comes."""
 
     def __exit__(self, *exc: object) -> None:
         for w in self.writers.values():
