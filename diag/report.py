@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -169,8 +169,10 @@ def _of(f: dict[str, Any]) -> str:
 
 
 def path_line(r: Mapping[str, Any]) -> str:
-    """Which rank and which kind of time hold the most of the critical path, mean over steps."""
-    paths = r["critical_path"]
+    """Which rank and which kind of time hold the most of the critical path, mean over the steps
+    the means keep (a step every rank left out as warm-up or teardown is not among them)."""
+    left_out = Counter(e["step"] for e in r["steps_excluded"])
+    paths = [p for p in r["critical_path"] if left_out[p["step"]] < len(r["ranks"])] or r["critical_path"]
     share: dict[str, dict[str, float]] = {}
     for key in ("by_rank", "by_kind"):
         total: dict[str, float] = defaultdict(float)
@@ -180,7 +182,7 @@ def path_line(r: Mapping[str, Any]) -> str:
         share[key] = total
     rank, kind = (max(share[k], key=lambda x: share[k][x]) for k in ("by_rank", "by_kind"))
     return (f"critical path: rank {rank} holds {share['by_rank'][rank]:.0%} of it, {kind} {share['by_kind'][kind]:.0%} "
-            f"(mean over {len(paths)} steps; docs/critical_path.md)")
+            f"(mean over {len(paths)} step{'' if len(paths) == 1 else 's'}; docs/critical_path.md)")
 
 
 def render_text(r: dict[str, Any]) -> str:

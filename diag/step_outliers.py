@@ -7,6 +7,10 @@ Two kinds, each judged within one rank's capture window against the other steps 
   Excluded when the tail is at least half the median of the other steps' windows: a gap that
   size after all work is done is not part of any training or serving step. Idle time *before* a
   step's work (waiting for data) is never a tail: it belongs to the step (DESIGN.md "Steps").
+  Also excluded whatever its length: a last step in which nothing ran at all (its whole window
+  the tail), the stub the profiler records when it stops just after `step()`. Kept, the stub
+  counts as a step that is 100% idle: HTA's MI250 capture, a 9.29 ms step and an 86 µs stub, read
+  51 points of idle that were the stub's alone.
 - warm-up: the first step carries one-time work (cuDNN autotuning, allocator growth, compilation).
   Excluded when its window is more than twice the median of the others AND more than 1.5 × the
   longest of them. The second test keeps legitimately varying runs whole: when another step is
@@ -40,7 +44,10 @@ def excluded_steps(steps: Steps) -> dict[int, str]:
     last = n - 1
     tail = int(steps.end_ns[last] - steps.busy_end_ns[last])
     typical = statistics.median(windows[:last])
-    if tail > 0 and tail >= TAIL_OF_MEDIAN * typical:
+    if tail > 0 and tail >= windows[last]:
+        out[last] = (f"teardown: nothing ran in the last step ({_dur(tail)}), no kernel and no op but its "
+                     "ProfilerStep span (the profiler stopping)")
+    elif tail > 0 and tail >= TAIL_OF_MEDIAN * typical:
         out[last] = (f"teardown: the last {_dur(tail)} of the last step is idle with nothing on the CPU or GPU "
                      f"(the profiler stopping), ≥ {TAIL_OF_MEDIAN:g} × the median step ({_dur(typical)})")
     others = [w for i, w in enumerate(windows[1:], 1) if i not in out]

@@ -24,7 +24,8 @@ class Params(msgspec.Struct, frozen=True):
 # picks the knobs. A gradient all-reduce is data parallelism (DDP, Megatron without the distributed
 # optimizer) or a tensor-parallel layer's; all-gathers and reduce-scatters are sharded data
 # parallelism (FSDP, ZeRO, Megatron's distributed optimizer) or sequence parallelism; an all-to-all
-# is expert parallelism (MoE token dispatch and combine). Send/recv is pipeline parallelism: MFU002.
+# is expert parallelism (MoE token dispatch and combine), sharded embeddings (recommendation models:
+# HTA's sample traces are one) or Ulysses sequence parallelism. Send/recv is pipeline parallelism: MFU002.
 _TRAINING_ADVICE = {
     "allreduce": "overlap the gradient all-reduce with backward: DDP bucket_cap_mb, Megatron --overlap-grad-reduce; "
                  "a tensor-parallel all-reduce: --sequence-parallel with --tp-comm-overlap",
@@ -32,9 +33,12 @@ _TRAINING_ADVICE = {
                  "and backward_prefetch=BACKWARD_PRE (FSDP2: explicit forward/backward prefetch), Megatron's "
                  "distributed optimizer with --overlap-param-gather and --overlap-grad-reduce; sequence-parallel "
                  "all-gathers: --tp-comm-overlap",
-    "alltoall": "overlap the expert-parallel all-to-all (token dispatch and combine) with expert compute: Megatron "
-                "--overlap-moe-expert-parallel-comm (with --delay-wgrad-compute), the flex dispatcher with DeepEP or "
-                "HybridEP (--moe-token-dispatcher-type flex); or fewer expert-parallel ranks, each group within a node",
+    "alltoall": "overlap the all-to-all with compute: MoE token dispatch and combine: Megatron "
+                "--overlap-moe-expert-parallel-comm (with --delay-wgrad-compute), DeepEP or HybridEP "
+                "(--moe-token-dispatcher-type flex), fewer expert-parallel ranks, each group within a node; sharded "
+                "embeddings (TorchRec, fbgemm): a pipelined train loop (TrainPipelineSparseDist) that runs the next "
+                "batch's input and embedding all-to-alls beside this one's dense compute; Ulysses sequence "
+                "parallelism: fewer ranks per sequence-parallel group",
     "": "overlap gradient communication with backward: DDP bucket_cap_mb, Megatron "
         "--overlap-grad-reduce/--overlap-param-gather, FSDP backward_prefetch/forward_prefetch; "
         "tensor-parallel: --tp-comm-overlap",
@@ -42,7 +46,7 @@ _TRAINING_ADVICE = {
 _TRAINING_ADVICE["reducescatter"] = _TRAINING_ADVICE["allgather"]
 # How each kind sends fewer, larger messages when the largest group is latency-bound.
 _LARGER_MESSAGES = {"allreduce": "a larger bucket_cap_mb, ", "allgather": "larger FSDP units, ",
-                    "reducescatter": "larger FSDP units, ", "alltoall": "more tokens per dispatch, "}
+                    "reducescatter": "larger FSDP units, ", "alltoall": "more tokens or samples per all-to-all, "}
 
 
 class ExposedCollectives(Rule[Params]):

@@ -18,7 +18,7 @@ from test_cases import Run, run_case
 from diag import critical_path, kernels
 from diag.api import analyze_path
 from diag.engine import AnalyzeOptions
-from diag.report import render_text
+from diag.report import path_line, render_text
 from diag.what_if import CHANGES, Change, Retimer
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
@@ -440,3 +440,18 @@ def test_merging_and_clipping_agree_with_the_one_by_one_definitions() -> None:
                 clipped.append((r[0], r[1], max(r[2], a), min(r[3], b), r[4]))
         got = critical_path._clipped(critical_path.Segments.of(*([r[k] for r in runs] for k in range(5))), a, b)
         assert _as_rows(got) == clipped[::-1]
+
+
+def test_the_path_line_means_the_steps_the_means_keep() -> None:
+    """A step every rank left out (warm-up, teardown) is not in the line's mean, as it is not in the
+    ledger's; one that some rank kept still is. HTA's MI250 capture read "idle 51% (mean over 2
+    steps)" from an 86 µs stub in which nothing ran beside a 9.29 ms step."""
+    def path(step: int, rank: str, kind: str) -> dict:  # type: ignore[type-arg]
+        return {"step": step, "summary": {"by_rank": {rank: 1.0}, "by_kind": {kind: 1.0}}}
+
+    report = {"ranks": [0], "critical_path": [path(1, "0", "host"), path(2, "0", "idle")],
+              "steps_excluded": [{"rank": 0, "step": 2, "why": "teardown: nothing ran in the last step"}]}
+    assert path_line(report) == "critical path: rank 0 holds 100% of it, host 100% (mean over 1 step; " \
+                                "docs/critical_path.md)"
+    report["ranks"] = [0, 1]   # rank 1 kept step 2: the path through it counts
+    assert "host 50% (mean over 2 steps" in path_line(report)

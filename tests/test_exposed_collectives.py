@@ -119,14 +119,15 @@ def test_an_unknown_message_size_is_said_to_be_unknown(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("written", "knob", "not_said"), [
     ("allreduce", "bucket_cap_mb", "--overlap-moe-expert-parallel-comm"),
     ("all_to_all", "--overlap-moe-expert-parallel-comm", "bucket_cap_mb"),
+    ("all_to_all", "TrainPipelineSparseDist", "forward_prefetch"),
     ("_allgather_base", "forward_prefetch=True", "bucket_cap_mb"),
     ("reduce_scatter_tensor_coalesced", "--overlap-param-gather", "bucket_cap_mb"),
 ])
 def test_the_advice_names_the_knobs_of_the_exposed_collectives_kind(tmp_path: Path, written: str, knob: str,
                                                                     not_said: str) -> None:
     """The same exposed collective, written as each kind: a gradient all-reduce is data parallelism
-    (DDP's bucket_cap_mb), an all-to-all expert parallelism (MoE dispatch and combine: DDP's knobs
-    would not touch it), all-gathers and reduce-scatters sharded data parallelism (FSDP, ZeRO)."""
+    (DDP's bucket_cap_mb), an all-to-all expert parallelism or sharded embeddings (DDP's knobs would
+    not touch it), all-gathers and reduce-scatters sharded data parallelism (FSDP, ZeRO)."""
     generate("exposed_comm", tmp_path, steps=1)
     for path in tmp_path.glob("rank-*.json"):
         path.write_text(path.read_text().replace('"Collective name": "allreduce"', f'"Collective name": "{written}"'))

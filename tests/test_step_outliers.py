@@ -43,6 +43,15 @@ def test_varying_steps_are_kept() -> None:
     assert excluded_steps(_steps([6.6, 6.5, 6.7, 6.6, 6.6])) == {}
 
 
+def test_a_last_step_in_which_nothing_ran_is_left_out_whatever_its_length() -> None:
+    # HTA's MI250 capture: a 9.29 ms step, then an 86 µs stub with no kernel and no op (the
+    # profiler stopping): kept, it read as a step 100% idle, half of the run's mean.
+    got = excluded_steps(_steps([9.29, 0.086], tail_ms=0.086))
+    assert list(got) == [1] and got[1].startswith("teardown: nothing ran in the last step")
+    # A short last step with any work in it stays: its 0.05 ms tail is under half the median.
+    assert excluded_steps(_steps([9.29, 0.086], tail_ms=0.05)) == {}
+
+
 def test_too_few_steps_to_judge() -> None:
     assert excluded_steps(_steps([30, 6])) == {}                      # a first step needs two others
     assert excluded_steps(_steps([30], tail_ms=20)) == {}              # one step is never left out
