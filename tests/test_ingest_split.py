@@ -8,6 +8,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +140,8 @@ def test_this_process_writes_its_rows_while_the_child_still_parses(tmp_path: Pat
         calls: list[str] = []
         monkeypatch.setattr(SecondHalf, "running", lambda self, r=child_running: r)
         info, chunks = kineto.read_kineto(str(f), data, chunk_bytes=2000, split=True,
-                                          while_waiting=lambda: calls.append("flush"))
-        ops = []
+                                          while_waiting=partial(calls.append, "flush"))
+        ops: list[str] = []
         for t in chunks:
             calls.append("tables")
             ops += t["cpu_ops"].column("name").to_pylist() if "cpu_ops" in t else []

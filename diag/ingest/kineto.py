@@ -864,7 +864,7 @@ def _gpu_columns(chunk: _Chunk, first: int, last: int | None = None) -> tuple[li
         **cols,
         "external_id": _exts(evs),
         "device": [e.args.device if e.args.device is not None else _int_or_none(e.pid) for e in evs],
-        "stream": [st if type(st := e.args.stream) is int else _stream_or_tid(st, e.tid, chunk.bad) for e in evs],
+        "stream": [st if isinstance(st := e.args.stream, int) else _stream_or_tid(st, e.tid, chunk.bad) for e in evs],
         "correlation": [e.args.correlation for e in evs],
     }
 
