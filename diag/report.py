@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -171,8 +171,10 @@ def _of(f: dict[str, Any]) -> str:
 def path_line(r: Mapping[str, Any]) -> str:
     """Which rank and which kind of time hold the most of the critical path, mean over the steps
     the means keep (a step every rank left out as warm-up or teardown is not among them)."""
-    left_out = Counter(e["step"] for e in r["steps_excluded"])
-    paths = [p for p in r["critical_path"] if left_out[p["step"]] < len(r["ranks"])] or r["critical_path"]
+    left_out: dict[int, set[int]] = defaultdict(set)   # step → the ranks that left it out
+    for e in r["steps_excluded"]:
+        left_out[e["step"]].add(e["rank"])
+    paths = [p for p in r["critical_path"] if len(left_out[p["step"]]) < len(r["ranks"])] or r["critical_path"]
     share: dict[str, dict[str, float]] = {}
     for key in ("by_rank", "by_kind"):
         total: dict[str, float] = defaultdict(float)
