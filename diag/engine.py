@@ -223,7 +223,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     if workload == "inference":
         run.notes.append(INFERENCE_NOTE)
     if host:
-        run.notes.append(HOST_NOTE)
+        run.notes.append(UNRECORDED_GPU_NOTE.format(gpu=peak.part_name) if peak.part_name else HOST_NOTE)
     run.notes.extend(clock_notes(offsets))
     if mfu is None:
         run.notes.append("without model FLOPs at a known peak the compute time is not split: "
@@ -304,12 +304,32 @@ HOST_NOTE = (
     "CPU-only trace (no GPU activity): the host timeline stands in for the GPU's — compute = inside "
     "aten ops, communication = inside gloo collectives, idle = neither; MFU is not reported against a GPU peak"
 )
+# A trace that lists GPUs (deviceProperties) yet holds no GPU activity: a capture of CPU activities
+# only on a GPU machine, or of CUPTI's range profiler (counters per range, no kernel timeline). The
+# GPUs ran; the trace did not record them.
+UNRECORDED_GPU_NOTE = (
+    "no GPU activity recorded, though the trace lists {gpu}: captured without CUDA activities, or as CUPTI "
+    "profiler ranges; the host timeline stands in for the GPU's — compute = inside aten ops, communication = "
+    "inside collectives, idle = neither — and MFU is not reported: capture with "
+    "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] for the GPU's timeline"
+)
+
+
+def _listed_gpu(ranks: list[RankDigest]) -> str | None:
+    """The GPU a host-timeline trace's deviceProperties name (the part, where the table knows it)."""
+    for r in ranks:
+        if r.device_props and isinstance(name := r.device_props.get("name"), str):
+            ident = hardware.identify(r.device_props)
+            return ident.part.name if ident else name
+    return None
 
 
 def _host_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
-    """No GPU ran: there is no peak to measure against, whatever --gpu says."""
-    return Peak(None, None, None, _gemm_dtype(ranks) or "fp32", "no GPU in the trace: MFU not applicable",
-                opts.peak_tflops, None, None)
+    """No GPU activity: there is no peak to measure against, whatever --gpu says. A GPU the trace
+    lists is named, but no part is taken from it (nothing is measured against it)."""
+    gpu = _listed_gpu(ranks)
+    source = "no GPU activity in the trace: MFU not applicable" if gpu else "no GPU in the trace: MFU not applicable"
+    return Peak(None, None, gpu, _gemm_dtype(ranks) or "fp32", source, opts.peak_tflops, None, None)
 
 
 def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:

@@ -117,9 +117,11 @@ def peak_label(d: Mapping[str, Any]) -> str:
 
 def _header(r: dict[str, Any]) -> list[str]:
     d = r["device"]
-    peak = peak_label(d)
-    if r.get("timeline") == "host":
-        peak = "CPU-only run: host timeline in place of the GPU's, no MFU"
+    peak, gpu = peak_label(d), "unknown GPU"
+    if r.get("timeline") == "host":   # a trace with no GPU activity names the GPU it lists, if any
+        peak = ("no GPU activity recorded" if d["name"] else "CPU-only run") + \
+            ": host timeline in place of the GPU's, no MFU"
+        gpu = "no GPU"
     st = r["step_time_s"]
     traced = len(r["ranks"])
     ranks = f"{traced} ranks" if traced == r["world_size"] else f"{traced} of {r['world_size']} ranks traced"
@@ -127,7 +129,7 @@ def _header(r: dict[str, Any]) -> list[str]:
     over = f"median; min {duration(spread['min'])}, max {duration(spread['max'])}" \
         if spread and spread["min"] < spread["max"] else "median"
     lines = [
-        f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {d['name'] or 'unknown GPU'} · {peak}",
+        f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {d['name'] or gpu} · {peak}",
         f"step time {duration(st)} ({over})   MFU {percent(r['mfu'])}   HFU {percent(r['hfu'])}{_bf16(r)}"
         if st is not None else "no steps",
     ]

@@ -174,3 +174,23 @@ def test_cpu_per_launch_is_the_median_over_the_whole_capture() -> None:
     d = next(f for f in report["findings"] if f["code"] == "MFU010")["details"]
     assert len(launches) == 10113 and launches[len(launches) // 2] == 9
     assert d["cpu_us_per_launch"] == 9      # the first 5,000 alone read 7.0
+
+
+def test_a_gpu_trace_without_gpu_activity_names_its_gpu_and_how_to_record_it() -> None:
+    """HTA's CUPTI range-profiler capture lists eight A100s (deviceProperties) but holds no kernel,
+    copy or memset: the GPU work is 77 cuda_profiler_range counter events. The host timeline stands
+    in, as for a CPU-only run, but the report says the GPU ran unrecorded and names the switch that
+    records it, where it used to say "unknown GPU · CPU-only run" and "no GPU in the trace"."""
+    trace = shared_traces() / "HolisticTraceAnalysis/tests/data/cupti_profiler/benchmark_result_924719_1679055439_trace.json.gz"
+    r = run_diag("analyze", str(trace), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["timeline"] == "host" and report["mfu"] is None
+    assert report["device"]["name"] == "A100 40GB" and report["device"]["part"] is None
+    assert "no GPU activity in the trace" in report["device"]["peak_source"]
+    note = next(n for n in report["notes"] if n.startswith("no GPU activity recorded"))
+    assert "A100 40GB" in note and "ProfilerActivity.CUDA" in note
+    text = run_diag("analyze", str(trace)).stdout.splitlines()[1]
+    assert "· A100 40GB · no GPU activity recorded: host timeline" in text
+    cpu = shared_traces() / "HolisticTraceAnalysis/tests/data/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
+    assert "· no GPU · CPU-only run: host timeline" in run_diag("analyze", str(cpu)).stdout.splitlines()[1]
