@@ -45,8 +45,8 @@ _TRAINING_ADVICE = {
 }
 _TRAINING_ADVICE["reducescatter"] = _TRAINING_ADVICE["allgather"]
 # How each kind sends fewer, larger messages when the largest group is latency-bound.
-_LARGER_MESSAGES = {"allreduce": "a larger bucket_cap_mb, ", "allgather": "larger FSDP units, ",
-                    "reducescatter": "larger FSDP units, ", "alltoall": "more tokens or samples per all-to-all, "}
+_LARGER_MESSAGES = {"allreduce": "a larger bucket_cap_mb", "allgather": "larger FSDP units",
+                    "reducescatter": "larger FSDP units", "alltoall": "more tokens or samples per all-to-all"}
 
 
 class ExposedCollectives(Rule[Params]):
@@ -112,9 +112,10 @@ class ExposedCollectives(Rule[Params]):
                        "their message size allows on their link: check NCCL topology and algorithm "
                        "(NCCL_DEBUG=INFO, NCCL_ALGO, NCCL_IB_* settings)")
         if any(g.latency_bound for g in top[:1]):
-            fewer = "larger batches per forward" if run.inference else _LARGER_MESSAGES.get(kind or "", "")
-            advice += (f"; the largest group is latency-bound: fewer, larger messages ({fewer}coalesced "
-                       "collectives) amortize NCCL's fixed cost per call")
+            fewer = "larger batches per forward" if run.inference else _LARGER_MESSAGES.get(kind or "")
+            ways = ", ".join([*([fewer] if fewer else []), "coalesced collectives"])
+            advice += (f"; the largest group is latency-bound: fewer, larger messages ({ways}) amortize NCCL's "
+                       "fixed cost per call")
         evidence = [f"coll:{inst}" for g in top for inst in g.instances[:3]]
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("exposed_comm"), ranks, steps,

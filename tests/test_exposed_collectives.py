@@ -14,7 +14,7 @@ from diag.api import analyze_path
 from diag.engine import AnalyzeOptions
 from diag.links import LINKS, normalize_collective, reach, ring_steps
 from fixtures.generate import generate
-from rules.MFU001_exposed_collectives import ExposedCollectives
+from rules.MFU001_exposed_collectives import ExposedCollectives, Params
 
 # NCCL's cost model (tuning.cc): Ring/LL 6.6 µs fixed, 0.47 µs per ring step over NVLink.
 ALPHA_8_RANK_ALLREDUCE_US = 6.6 + 2 * 7 * 0.47
@@ -100,6 +100,20 @@ def test_small_gradient_all_reduces_are_latency_bound_not_slow(tmp_path: Path) -
     assert proj.reach_gbps == pytest.approx(mib2 / (7540 + mib2 / 450), rel=1e-9)
     assert proj.latency_bound and not proj.slow(0.5)
     assert "latency-bound" in proj.bandwidth_text()
+
+
+def test_a_latency_bound_group_is_told_its_kinds_way_to_larger_messages(tmp_path: Path) -> None:
+    """launch_bound: its largest exposed group is a 512 KiB gradient all-reduce, latency-bound. The
+    hint names the all-reduce's knob, or for inference larger batches, beside coalescing."""
+    generate("launch_bound", tmp_path, steps=1)
+    analysis, _ = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    rule = ExposedCollectives(Params(min_fraction=0.0))
+    hint = "; the largest group is latency-bound: fewer, larger messages ({}) amortize NCCL's fixed cost per call"
+    advice = rule.findings(analysis.run)[0].advice
+    assert advice.endswith(hint.format("a larger bucket_cap_mb, coalesced collectives")), advice
+    analysis.run.workload = "inference"
+    advice = rule.findings(analysis.run)[0].advice
+    assert advice.endswith(hint.format("larger batches per forward, coalesced collectives")), advice
 
 
 def test_an_unknown_message_size_is_said_to_be_unknown(tmp_path: Path) -> None:
