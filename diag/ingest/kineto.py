@@ -332,7 +332,7 @@ def _range(
                 except _BadEvent as e:
                     raise BadInput(path, f"event {info.n_events + e.index} {e.reason}") from None
                 except msgspec.DecodeError:
-                    if not mended and not (piece.isascii() or _is_utf8(piece)):
+                    if not mended and not _is_utf8(piece):
                         # A typed string (a name cut mid-character) holds bytes that are not UTF-8,
                         # which the whole document's check skipped over: kept, as in _raw_column.
                         piece, mended = _mend_utf8(piece)
@@ -732,7 +732,7 @@ def _raw_column(raws: Sequence[msgspec.Raw | bytes], bad: Counter[str]) -> pa.Ar
     if not raws:
         return _empty_json()
     data = b"".join(raws)
-    if not (data.isascii() or _is_utf8(data)):
+    if not _is_utf8(data):
         raws = _mended(raws, bad)
         data = b"".join(raws)
     n = len(raws)
@@ -753,6 +753,9 @@ def _empty_json() -> pa.Array:
 
 
 def _is_utf8(data: bytes) -> bool:
+    """ASCII at once (most traces), else by one decode: a copy of a chunk with other text in it."""
+    if data.isascii():
+        return True
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
