@@ -209,7 +209,6 @@ def test_typed_args_of_an_unexpected_type_or_range_are_kept_raw_and_counted(tmp_
     con.close()
 
 
-
 def test_args_with_bytes_that_are_not_utf8_are_mended_and_counted(tmp_path: Path) -> None:
     """A byte that is not UTF-8 inside an args string (a name cut mid-character) passes the JSON
     check, which skips over what it does not type: the event is kept, its args stored with the bad
@@ -228,6 +227,7 @@ def test_args_with_bytes_that_are_not_utf8_are_mended_and_counted(tmp_path: Path
         (None, '{"Input Dims": [[1]], "x": "\ufffd\ufffd"}', "[[1]]"),
     ]
     con.close()
+
 
 def test_one_warning_per_reason_counts_the_files(tmp_path: Path) -> None:
     """Three CPU-only ranks: one counted line, alike from ingest and analyze, not one per file."""
