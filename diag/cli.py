@@ -18,6 +18,7 @@ from typing import NoReturn
 from diag import __version__, commands
 from diag.arrow_memory import use_system_allocator
 from diag.batch import collect_seldom, exit_now
+from diag.blas_threads import one_blas_thread
 from diag.capture import add_capture_arguments, run_capture_command
 from diag.errors import BadInput, ExitCode
 from diag.example import add_example_arguments, run_example_command
@@ -208,12 +209,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The `diag` command; `argv` None means this process is the command (the console script,
     `python -m diag.cli`), which then runs without pandas (diag/no_pandas.py: 0.16–0.3 s of each
     run's CPU), unless on Ray, which has uses of its own for it, with Arrow's memory from the
-    system allocator (diag/arrow_memory.py), and, for the batch commands, collects garbage
+    system allocator (diag/arrow_memory.py), NumPy's OpenBLAS on one thread unless it runs the
+    user's programs (diag/blas_threads.py), and, for the batch commands, collects garbage
     seldom and ends as soon as its output is out (diag/batch.py). Called with a list, as from a
     program or a test, it leaves that program's imports, allocator, collector and exit alone."""
     args = build_parser().parse_args(argv)
     if argv is None:
         use_system_allocator()
+    if argv is None and args.handler not in _RUNS_PROGRAMS:
+        one_blas_thread()
     if argv is None and getattr(args, "executor", "local") != "ray":
         keep_pandas_out()
     if argv is None and args.handler in _BATCH:
@@ -255,6 +259,8 @@ def _run(args: argparse.Namespace) -> int:
 # (Textual restores the terminal on its own way out) nor capture and example, which run the user's
 # code and its exit hooks (the profiler flushes its trace).
 _BATCH = frozenset({commands.run_ingest, commands.run_analyze, commands.run_export, commands.run_gate})
+# The commands that run the user's programs (their children's environment is the user's).
+_RUNS_PROGRAMS = frozenset({run_capture_command, run_example_command})
 
 
 if __name__ == "__main__":
