@@ -20,20 +20,11 @@ from diag.errors import BadInput, printable
 from diag.executor import Executor, make_executor
 from diag.ingest.discover import require_paths
 from diag.ingest.pipeline import IngestOptions, IngestResult, ingest
-from diag.ingest.source import is_duckdb_head
+from diag.ingest.source import is_duckdb_file
 from diag.progress import Bars, Progress, terminal_progress
 from diag.report import build_report
 
 T = TypeVar("T")
-
-
-def is_duckdb_file(path: str | Path) -> bool:
-    p = Path(path)
-    if not p.is_file():
-        return False
-    with p.open("rb") as f:
-        head = f.read(12)
-    return is_duckdb_head(head)
 
 
 class Opened(msgspec.Struct):

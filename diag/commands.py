@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diag.errors import BadInput, ExitCode, printable
+from diag.ingest.source import is_duckdb_file
 
 if TYPE_CHECKING:
     from diag.engine import AnalyzeOptions
@@ -94,7 +95,17 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------------- analyze
 
+def _store_ahead(path: str, db: str | None) -> None:
+    """Traces analyzed without --db: their in-memory store opens in a thread while this process
+    imports the analysis (store.connect_ahead)."""
+    from diag import store
+
+    if db is None and not is_duckdb_file(path):
+        store.connect_ahead()
+
+
 def run_analyze(args: argparse.Namespace) -> int:
+    _store_ahead(args.path, args.db)
     from diag.api import analyze_and_use
     from diag.report import render
 
@@ -119,6 +130,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------ export
 
 def run_export(args: argparse.Namespace) -> int:
+    _store_ahead(args.path, args.db)
     from diag.api import analyze_and_use
     from diag.perfetto import Cut, export_perfetto, parse_ranges
 

@@ -172,7 +172,7 @@ class Run(msgspec.Struct, frozen=True):
 def load_run(path: str, opts: Any = None, ingest_opts: Any = None, db: str | None = None) -> Run:
     """A report from PATH: read as a `diag.report/1` JSON, or analyzed from traces or a diag DuckDB file
     with `opts` (AnalyzeOptions) and `ingest_opts` (IngestOptions); `db` keeps what is ingested."""
-    from diag.api import is_duckdb_file
+    from diag.ingest.source import is_duckdb_file
 
     p = Path(path)
     if not p.exists():

@@ -6,7 +6,9 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from importlib import resources
@@ -33,8 +35,37 @@ def sql_text(name: str) -> str:
 MEMORY_LIMIT_BYTES = min(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4, 1024**3)
 
 
+_memory_ahead: Future[duckdb.DuckDBPyConnection] | None = None
+
+
+def connect_ahead() -> None:
+    """Begin opening an in-memory store in a thread, for the next connect(None) to take. DuckDB's
+    connect (~30 ms: it registers every function of its catalog) and the schema's DDL release the
+    GIL, so a command that calls this before importing the rest of its modules gets its store
+    while they import."""
+    global _memory_ahead
+    if _memory_ahead is None:
+        _memory_ahead = Future()
+        threading.Thread(target=_open_into, args=(_memory_ahead,), daemon=True).start()
+
+
+def _open_into(done: Future[duckdb.DuckDBPyConnection]) -> None:
+    try:
+        done.set_result(_connect(None, False))
+    except BaseException as e:
+        done.set_exception(e)
+
+
 def connect(db: str | Path | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) a diag store. `None` gives an in-memory store."""
+    global _memory_ahead
+    if db is None and _memory_ahead is not None:
+        ahead, _memory_ahead = _memory_ahead, None
+        return ahead.result()
+    return _connect(db, read_only)
+
+
+def _connect(db: str | Path | None, read_only: bool) -> duckdb.DuckDBPyConnection:
     config: dict[str, str | bool | int | float | list[str]] = {
         "memory_limit": f"{MEMORY_LIMIT_BYTES // 1024**2}MiB",
         # At DuckDB's default of 16 MiB nearly every file's commit checkpoints, and a checkpoint

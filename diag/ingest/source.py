@@ -81,6 +81,16 @@ def is_duckdb_head(head: bytes) -> bool:
     return head[8:12] == _DUCKDB_MAGIC
 
 
+def is_duckdb_file(path: str | Path) -> bool:
+    """Whether `path` is a DuckDB database (a diag store), not traces."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with p.open("rb") as f:
+        head = f.read(12)
+    return is_duckdb_head(head)
+
+
 def read_source(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False,
                 into: mmap.mmap | None = None) -> SourceBytes:
     """Read and (if gzip) decompress a file, refusing what is not a regular file, empty files,
