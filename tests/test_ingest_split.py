@@ -1,6 +1,6 @@
-"""A big file's second half parsed in a forked child (diag/ingest/forked.py): the store ends up
-exactly as if one process had read the file, whether the split lands on an event boundary, falls
-inside a string, or the child fails."""
+"""A big file's events parsed by this process and a forked child, from either end
+(diag/ingest/forked.py): the store ends up exactly as if one process had read the file, whether
+the segments' boundaries are between events, fall inside a string, or the child fails."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from helpers import kineto_traces
 
 from diag import store
 from diag.ingest import kineto
-from diag.ingest.forked import SecondHalf
+from diag.ingest.forked import Claims, SecondHalf
 from diag.ingest.pipeline import IngestOptions, ingest
 
 TABLES = (*kineto.EVENT_TABLES, "collective_args")
@@ -50,79 +50,119 @@ def test_split_ingest_equals_one_process_on_real_traces() -> None:
         assert snapshot(p, split=True) == snapshot(p, split=False), p
 
 
-@pytest.mark.usefixtures("split_everything")
-def test_a_split_inside_a_string_is_found_out_and_read_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The middle of the events falls in a name full of `}, {`: the first boundary after it is
-    not an event boundary. The child is stopped when this process reaches it, and this process
-    reads on; the child's half is never asked for."""
-    asked: list[str] = []
-    cancel = SecondHalf.cancel
-
-    def tables(self: SecondHalf, info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
-        asked.append("tables")
-        return iter(())
-
-    def cancel_running(self: SecondHalf) -> None:
-        if self.pid:   # a child still running, not the no-op on leaving the block
-            asked.append("cancel")
-        cancel(self)
-
-    read = kineto._range
-    parent = os.getpid()
-
-    def read_range(path: str, info: kineto.KinetoFile, mv: memoryview, pos: int, end: int, *rest: Any) -> Any:
-        if os.getpid() == parent:
-            asked.append("read" if pos < end else "nothing left")
-        return read(path, info, mv, pos, end, *rest)
-
-    monkeypatch.setattr(SecondHalf, "tables", tables)
-    monkeypatch.setattr(SecondHalf, "cancel", cancel_running)
-    monkeypatch.setattr(kineto, "_range", read_range)
+def string_of_boundaries(tmp_path: Path) -> Path:
+    """40 events, the 21st named with ~28 kB of `"}, {"ph": "X"`: event boundaries, to the regex that
+    cuts segments, inside a string."""
     events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
                "args": {"External id": i}} for i in range(40)]
     events[20]["name"] = '"}, {"ph": "X"' * 2000
     f = tmp_path / "rank-0.json"
     f.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    return f
+
+
+@pytest.mark.usefixtures("split_everything")
+@pytest.mark.parametrize("mine", [0, 1, 16, 31, 32])
+def test_segments_ending_inside_a_string_are_read_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          mine: int) -> None:
+    """Of the 32 segments, this process claims the first `mine`, the child the rest (the child's
+    Claims.back is the real one). Segment boundaries fall inside the long name: where they end
+    this process's part, it stops the child and reads on; where they are the child's, the child
+    fails and this process reads its part. Either way every event once, as one process reads them."""
+    made = Claims.__init__
+
+    def scripted(self: Claims, n: int) -> None:
+        made(self, n)
+        self.script = iter(range(min(mine, n))), iter(range(n - 1, min(mine, n) - 1, -1))   # type: ignore[attr-defined]
+
+    monkeypatch.setattr(Claims, "__init__", scripted)
+    monkeypatch.setattr(Claims, "front", lambda self: next(self.script[0], None))
+    monkeypatch.setattr(Claims, "back", lambda self: next(self.script[1], None))
+    paths: list[str] = []
+    tables, cancel = SecondHalf.tables, SecondHalf.cancel
+
+    def spied_tables(self: SecondHalf, info: kineto.KinetoFile, bad: Counter[str], fallback: Any) -> Any:
+        def read_here(i: kineto.KinetoFile, b: Counter[str]) -> Any:
+            paths.append("read here")
+            return fallback(i, b)
+
+        return tables(self, info, bad, read_here)
+
+    def spied_cancel(self: SecondHalf) -> None:
+        if self.pid:   # a child still running, not the no-op on leaving the block
+            paths.append("stopped")
+        cancel(self)
+
+    monkeypatch.setattr(SecondHalf, "tables", spied_tables)
+    monkeypatch.setattr(SecondHalf, "cancel", spied_cancel)
+    f = string_of_boundaries(tmp_path)
     got = snapshot(f, split=True)
-    # This process reads to the split, stops the child there, then reads the rest (not: reads
-    # through to the end and only then stops the child).
-    assert asked == ["read", "cancel", "read"]
     assert got == snapshot(f, split=False)
     assert len(got["cpu_ops"]) == 40
+    # The long name spans segments ~11 to ~20: the child's (it fails), this process's last (it
+    # stops the child), or this process's only (the child's part is clean).
+    assert paths == {0: ["read here"], 1: ["read here"], 16: ["stopped"], 31: [], 32: []}[mine]
 
 
-def test_a_failed_child_leaves_the_half_to_this_process() -> None:
-    parent = os.getpid()
+def test_two_processes_claim_every_segment_once() -> None:
+    claims, (r, w) = Claims(500), os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: its claims, from the back, as JSON on the pipe
+        theirs = []
+        while (i := claims.back()) is not None:
+            theirs.append(i)
+        os.write(w, json.dumps(theirs).encode())
+        os._exit(0)
+    os.close(w)
+    mine = []
+    while (i := claims.front()) is not None:
+        mine.append(i)
+    with os.fdopen(r) as f:
+        theirs = json.loads(f.read())
+    os.waitpid(pid, 0)
+    claims.close()
+    # This process's from 0 up, the child's from 499 down, meeting in between: each segment once.
+    assert mine == list(range(len(mine))) and theirs == list(range(499, len(mine) - 1, -1))
 
-    def parse(info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
-        if os.getpid() != parent:
-            raise RuntimeError("the child fails")
+
+def test_a_failed_child_leaves_its_part_to_this_process() -> None:
+    def work(bad: Counter[str]) -> Iterator[tuple[int, kineto.KinetoFile, dict[str, pa.Table]]]:
+        raise RuntimeError("the child fails")
+        yield
+
+    def fallback(info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
         info.n_events += 3
         yield {"t": pa.table({"x": [1, 2, 3]})}
 
     info = kineto.KinetoFile.blank()
-    with SecondHalf(parse) as half:
-        tables = list(half.tables(info, Counter()))
+    with SecondHalf(work) as half:
+        tables = list(half.tables(info, Counter(), fallback))
     assert [t["t"].column("x").to_pylist() for t in tables] == [[1, 2, 3]] and info.n_events == 3
-    assert not os.path.exists(half.dir)
+    assert half.files.tables.closed and half.files.counts.closed   # unlinked files: nothing left on disk
 
 
-def test_the_childs_tables_and_counts_come_back_in_order_a_table_at_a_time() -> None:
-    def parse(info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
-        for i in range(3):
-            info.n_events += 2
-            bad["typed"] += 1
-            yield {"a": pa.table({"x": [i, i]}), "b": pa.table({"y": [str(i)]}),
-                   "empty": pa.table({"z": pa.array([], pa.int8())})}
+def test_the_childs_tables_and_counts_come_back_in_file_order_a_table_at_a_time() -> None:
+    """The child parses segments 2, 1, 0 (from the back), segment 1 in two chunks: its tables come
+    back in file order, each table whole, and its segments' counts are added in file order (the
+    first GPU device is the first segment's that has one)."""
+    def work(bad: Counter[str]) -> Iterator[tuple[int, kineto.KinetoFile, dict[str, pa.Table]]]:
+        for segment, chunks in ((2, [[5]]), (1, [[3], [4]]), (0, [[1, 2]])):
+            counts = kineto.KinetoFile.blank()
+            counts.kernel_devices = [segment]
+            for x in chunks:
+                counts.n_events += len(x)
+                bad["typed"] += 1
+                yield segment, counts, {"a": pa.table({"x": x}), "b": pa.table({"y": [str(v) for v in x]}),
+                                        "empty": pa.table({"z": pa.array([], pa.int8())})}
 
     info, bad = kineto.KinetoFile.blank(), Counter[str]()
-    with SecondHalf(parse) as half:
-        tables = list(half.tables(info, bad))
+    with SecondHalf(work) as half:
+        tables = list(half.tables(info, bad, lambda i, b: iter(())))
     # Each table once, whole (so that the store inserts it in one statement), its rows in order.
     assert [list(t) for t in tables] == [["a"], ["b"]]
-    assert tables[0]["a"].column("x").to_pylist() == [0, 0, 1, 1, 2, 2]
-    assert tables[1]["b"].column("y").to_pylist() == ["0", "1", "2"]
-    assert not any("empty" in t for t in tables) and info.n_events == 6 and bad == {"typed": 3}
+    assert tables[0]["a"].column("x").to_pylist() == [1, 2, 3, 4, 5]
+    assert tables[1]["b"].column("y").to_pylist() == ["1", "2", "3", "4", "5"]
+    assert info.n_events == 5 and bad == {"typed": 4} and info.kernel_devices == [0]
 
 
 def test_this_process_writes_its_rows_while_the_child_still_parses(tmp_path: Path,
@@ -148,19 +188,20 @@ def test_this_process_writes_its_rows_while_the_child_still_parses(tmp_path: Pat
         assert ops == [e["name"] for e in events]
         mine = calls.index("flush") if child_running else None
         assert calls.count("flush") == (1 if child_running else 0)
-        # This process's chunks (several, of 2000 bytes), the flush, then the child's, a table at a time.
-        assert mine is None or (mine > 1 and calls[mine + 1:] and set(calls[mine + 1:]) == {"tables"})
+        # This process's chunks, the flush, then the child's, a table at a time.
+        assert mine is None or set(calls[mine + 1:]) <= {"tables"}
 
 
 def test_a_child_found_ended_is_reaped_once_and_its_tables_still_come_back() -> None:
-    def parse(info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
-        info.n_events += 1
-        yield {"t": pa.table({"x": [7]})}
+    def work(bad: Counter[str]) -> Iterator[tuple[int, kineto.KinetoFile, dict[str, pa.Table]]]:
+        counts = kineto.KinetoFile.blank()
+        counts.n_events += 1
+        yield 0, counts, {"t": pa.table({"x": [7]})}
 
     info = kineto.KinetoFile.blank()
-    with SecondHalf(parse) as half:
+    with SecondHalf(work) as half:
         while half.running():   # reaps the child when it has ended
             pass
         assert not half.running() and half.pid == 0
-        tables = list(half.tables(info, Counter()))   # no second wait for the reaped child
+        tables = list(half.tables(info, Counter(), lambda i, b: iter(())))   # no second wait for the reaped child
     assert [t["t"].column("x").to_pylist() for t in tables] == [[7]] and info.n_events == 1

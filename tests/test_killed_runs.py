@@ -69,7 +69,7 @@ def leftovers(tmp: Path) -> list[str]:
 def start_and_signal(traces: Path, tmp_path: Path, sig: int, jobs: str | None, helpers: int,
                      command: str = "ingest") -> tuple[set[int], Path]:
     """Start `diag COMMAND` (ingest into a new store, or analyze of `traces`), wait for `helpers`
-    processes below it and a directory of its run, send `sig`; the helpers seen."""
+    processes below it and its run's directory, send `sig`; the helpers seen."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp))
@@ -81,7 +81,7 @@ def start_and_signal(traces: Path, tmp_path: Path, sig: int, jobs: str | None, h
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         seen |= descendants(proc.pid)
-        if len(seen) >= helpers and any(tmp.glob("diag-run-*/diag-*")):
+        if len(seen) >= helpers and any(tmp.glob("diag-run-*/owner")):
             break
         time.sleep(0.02)
     assert proc.poll() is None, f"{command} ended before it could be interrupted: {proc.stderr.read() if proc.stderr else ''}"

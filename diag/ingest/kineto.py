@@ -17,8 +17,8 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from functools import cache, lru_cache
+from contextlib import closing, contextmanager
+from functools import cache, lru_cache, partial
 from operator import itemgetter
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from diag.errors import BadInput
 
 if TYPE_CHECKING:
+    from diag.ingest.forked import Claims
     from diag.ingest.merged import RankMap
 
 Number = int | float
@@ -153,16 +154,15 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 # ~4 MB of JSON is ~12k events: large enough that per-chunk costs vanish, small enough that the
 # Python objects of one chunk stay a few tens of MB.
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
-# Events of this much JSON or more are parsed in two parts at once (a forked child takes the
-# second, PARENT_SHARE below): parsing is ~70% of ingesting a 307 MB trace, and half of `diag analyze` of the 35 MB
-# control trace, which it takes from 1.67 s to 1.54 s (medians of 9, interleaved) at the same peak
-# of the process tree (282 MB; the child shares the parent's pages). Smaller ones are read whole:
-# the fork and reading the child's tables back cost the same whatever the part's size.
+# Events of this much JSON or more are parsed by two processes at once (diag/ingest/forked.py):
+# parsing is ~70% of ingesting a 307 MB trace, and half of `diag analyze` of the 35 MB control
+# trace, which it takes from 1.67 s to 1.54 s (medians of 9, interleaved) at the same peak of the
+# process tree (282 MB; the child shares the parent's pages). Smaller ones are read whole: the fork
+# and reading the child's tables back cost the same whatever the part's size.
 SPLIT_BYTES = 16 * 1024 * 1024
-# The first part's share of the events: this process also writes its part's rows to the store as
-# it parses, so the forked child takes the larger part. `diag ingest` of the 307 MB trace, medians
-# of 5 interleaved: 6.2 s at 0.5, 5.6–5.8 s at 0.42, 6.5 s at 0.35.
-PARENT_SHARE = 0.42
+# ... in this many segments, which the two processes claim one at a time, each from its end of
+# the file: the last to finish waits at most about a segment's parse for the other.
+SEGMENTS = 32
 
 _KERNEL_CATS = frozenset({"kernel", "Kernel"})
 _MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
@@ -235,8 +235,8 @@ def read_kineto(
     One C pass validates the whole document and finds the events array (left as raw text); then
     each chunk of about `chunk_bytes` is decoded and tabulated, so memory holds one chunk of
     Python objects whatever the file's size. `release(start, end)` is told when a byte range of
-    `data` is done with (memory-mapped files drop those pages). With `split`, the second part of a
-    file of SPLIT_BYTES or more is parsed at the same time in a forked child (diag/ingest/forked.py).
+    `data` is done with (memory-mapped files drop those pages). With `split`, a file of SPLIT_BYTES or
+    more of events is parsed by this process and a forked child at once (diag/ingest/forked.py).
     With `rank_map` (a merged file), every table gets a `rank` column and each event its original pid.
     `while_waiting` is called when this process is done with its part and the child is not (the
     consumer writes what it holds of the tables yielded so far, rather than wait idle).
@@ -273,28 +273,10 @@ def _chunks(
     pos = base + 1                              # after the opening bracket
     while pos < end and mv[pos] in b" \t\r\n":
         pos += 1
-    half = None
-    if split and end - pos >= SPLIT_BYTES and rank_map is None:
-        from diag.ingest.forked import SecondHalf
-
-        stop, start = _cut(mv, pos, end, int((end - pos) * PARENT_SHARE))
-        try:
-            half = SecondHalf(lambda inf, b: _second_half(path, inf, mv, pos, start, end, chunk_bytes, release, b))
-        except OSError:   # no second process to be had (memory, a process limit): one reads it all
-            half = None
-    with half if half is not None else nullcontext():
-        stopped = yield from _range(path, info, mv, pos, end, chunk_bytes, release, bad,
-                                    None if half is None else stop, rank_map)
-        if half is not None:
-            if stopped == stop:   # the child's tables follow this process's, in order
-                if while_waiting is not None and half.running():
-                    while_waiting()
-                yield from half.tables(info, bad)
-            else:
-                # The split is not between two events (it fell inside a string): the child began
-                # mid-event. Stop it now, not at the end, and read the rest here.
-                half.cancel()
-                yield from _range(path, info, mv, stopped, end, chunk_bytes, release, bad)
+    if not (split and end - pos >= SPLIT_BYTES and rank_map is None):
+        yield from _range(path, info, mv, pos, end, chunk_bytes, release, bad, None, rank_map)
+    else:
+        yield from _two_ends(path, info, mv, pos, end, chunk_bytes, release, bad, while_waiting)
     info.warnings.extend(value_warnings(bad))
     if info.partial:
         info.warnings.append(
@@ -302,16 +284,76 @@ def _chunks(
         )
 
 
-def _second_half(
-    path: str, info: KinetoFile, mv: memoryview, pos: int, start: int, end: int, chunk_bytes: int, release: Any,
+def _two_ends(
+    path: str, info: KinetoFile, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
+    bad: Counter[str], while_waiting: Callable[[], None] | None,
+) -> Iterator[dict[str, pa.Table]]:
+    """The events in mv[pos:end] in SEGMENTS segments, parsed by this process from the front and
+    by a forked child from the back (diag/ingest/forked.py), the tables in file order."""
+    from diag.ingest.forked import Claims, SecondHalf
+
+    segments = _segments(mv, pos, end, (end - pos) // SEGMENTS)
+    claims = Claims(len(segments))
+    try:
+        half = SecondHalf(partial(_from_the_back, path, mv, segments, claims, chunk_bytes, release))
+    except OSError:   # no second process to be had (memory, a process limit): one reads it all
+        claims.close()
+        yield from _range(path, info, mv, pos, end, chunk_bytes, release, bad)
+        return
+    with half, closing(claims):
+        at, mine, theirs = pos, None, 0   # where this process has read to; its last segment's end; the child's first
+        while (i := claims.front()) is not None:
+            # A segment whose end falls inside a string stops short of it (_range): the next one
+            # claimed is read from there, not from its own start.
+            start, stop = segments[i]
+            at = yield from _range(path, info, mv, start if at == mine else at, end, chunk_bytes, release, bad, stop)
+            mine, theirs = stop, i + 1
+        if mine is not None and at != mine:
+            # The last boundary of this process's segments is not between two events: the child's
+            # first segment began mid-event. Stop it, and read the rest here.
+            half.cancel()
+            yield from _range(path, info, mv, at, end, chunk_bytes, release, bad)
+            return
+        rest = segments[theirs][0] if theirs < len(segments) else end
+        if while_waiting is not None and half.running():
+            while_waiting()
+        yield from half.tables(info, bad, lambda i, b: _range(path, i, mv, rest, end, chunk_bytes, release, b))
+
+
+def _segments(mv: memoryview, pos: int, end: int, size: int) -> list[tuple[int, int]]:
+    """The events mv[pos:end] cut at event boundaries about every `size` bytes: each part's
+    (start, end). A boundary inside a string is found out when the part ending there is read."""
+    out = []
+    while pos < end:
+        cut, nxt = _cut(mv, pos, end, size)
+        out.append((pos, cut))
+        pos = nxt
+    return out
+
+
+def _from_the_back(
+    path: str, mv: memoryview, segments: list[tuple[int, int]], claims: Claims, chunk_bytes: int, release: Any,
     bad: Counter[str],
-) -> Generator[dict[str, pa.Table], None, int]:
-    """The events from `start`, first handing back the first half's pages (the forked child's copy
-    of them, never read there; in this process the fallback comes after that half is parsed): the
-    child of a 307 MB file peaked at 481 MB RSS with them, 344 without."""
-    if release is not None:
-        release(pos, start)
-    return (yield from _range(path, info, mv, start, end, chunk_bytes, release, bad))
+) -> Iterator[tuple[int, KinetoFile, dict[str, pa.Table]]]:
+    """The forked child's work: segments claimed from the back, each with its own counts. Pages
+    of the segments this process has claimed are handed back first (the child's copy of them,
+    never read there): the child of a 307 MB file peaked at 481 MB RSS with them, 344 without. A
+    segment that does not end where it should (at a boundary inside a string) fails the child:
+    this process then reads the child's part itself."""
+    while (i := claims.back()) is not None:
+        if release is not None:
+            release(segments[0][0], segments[claims.front_end()][0])
+        start, stop = segments[i]
+        counts = KinetoFile.blank()
+        chunks = _range(path, counts, mv, start, segments[-1][1], chunk_bytes, release, bad, stop)
+        while True:
+            try:
+                tables = next(chunks)
+            except StopIteration as ended:
+                if ended.value != stop:   # the child fails: this process reads its part, and says what is wrong
+                    raise BadInput(path, f"events from byte {start}: a segment's end is not between two events") from None
+                break
+            yield i, counts, tables
 
 
 def _range(

@@ -139,8 +139,8 @@ def parse_into(
     prior: Prior | None = None,
 ) -> dict[str, Any] | Skipped:
     """Read, detect and parse one file, pushing its tables into `sink` as they are parsed (its
-    rank set first); with `split`, a big file's second half is parsed in a forked child at the
-    same time. Returns the file's trace_files row, or why it was skipped. `prior`: the file read
+    rank set first); with `split`, a big file is parsed by this process and a forked child at
+    once. Returns the file's trace_files row, or why it was skipped. `prior`: the file read
     before at this path (see Prior): the row says whether it appends to it or replaces it."""
     src = read_ahead.take(path, opts.max_bytes, opts.salvage) or read_source(path, opts.max_bytes, salvage=opts.salvage)
     if src.content_hash in known:
