@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diag.errors import BadInput, ExitCode, printable
+from diag.ingest import read_ahead
 from diag.ingest.source import is_duckdb_file
 
 if TYPE_CHECKING:
@@ -68,7 +69,14 @@ def has_terminal() -> bool:
 
 # ------------------------------------------------------------------------------------ ingest
 
+def _parse_ahead(path: str, args: argparse.Namespace) -> None:
+    """The file read ahead (diag/ingest/read_ahead.py), if any, begins its parse now, before this
+    process imports DuckDB and the analysis."""
+    read_ahead.begin(path, args.max_bytes, args.salvage, args.jobs, args.spill_dir)
+
+
 def run_ingest(args: argparse.Namespace) -> int:
+    _parse_ahead(args.paths[0], args)
     from diag import store
     from diag.api import counted_warnings, ingest_paths, print_warnings
     from diag.ingest.discover import require_paths
@@ -105,6 +113,7 @@ def _store_ahead(path: str, db: str | None) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
+    _parse_ahead(args.path, args)
     _store_ahead(args.path, args.db)
     from diag.api import analyze_and_use
     from diag.report import render

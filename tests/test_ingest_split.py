@@ -71,8 +71,8 @@ def test_segments_ending_inside_a_string_are_read_through(tmp_path: Path, monkey
     fails and this process reads its part. Either way every event once, as one process reads them."""
     made = Claims.__init__
 
-    def scripted(self: Claims, n: int) -> None:
-        made(self, n)
+    def scripted(self: Claims, n: int, where: str | None = None) -> None:
+        made(self, n, where)
         self.script = iter(range(min(mine, n))), iter(range(n - 1, min(mine, n) - 1, -1))   # type: ignore[attr-defined]
 
     monkeypatch.setattr(Claims, "__init__", scripted)

@@ -1,19 +1,24 @@
 """A command's file read ahead in a forked process (diag/ingest/read_ahead.py) is the same read as
 read_source's, and anything but a clean read of the same file with the same options is read again
-the usual way: the same bytes, hash and errors either way."""
+the usual way: the same bytes, hash and errors either way. Its parse begun ahead (read_ahead.begin)
+is the same parse."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import mmap
 import os
 from pathlib import Path
 
 import pytest
-from helpers import run_diag
+from helpers import kineto_traces, run_diag, shared_traces
+from test_ingest_split import snapshot
 
+from diag import store
 from diag.errors import BadInput
-from diag.ingest import read_ahead
+from diag.ingest import kineto, read_ahead
+from diag.ingest.pipeline import IngestOptions, ingest
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
 from fixtures.generate import generate
 
@@ -28,7 +33,9 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _ahead(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False) -> SourceBytes | None:
     read_ahead.start(str(path), max_bytes, salvage)
-    return read_ahead.take(str(path), max_bytes, salvage)
+    taken = read_ahead.take(str(path), max_bytes, salvage)
+    assert taken is None or taken[1] is None   # nothing begun: only the read
+    return None if taken is None else taken[0]
 
 
 @pytest.mark.parametrize("compressed", [False, True])
@@ -49,7 +56,7 @@ def test_the_same_file_by_another_name_is_taken(trace: Path, tmp_path: Path) -> 
     link.symlink_to(trace)
     read_ahead.start(str(link), DEFAULT_MAX_BYTES, False)
     got = read_ahead.take(str(trace.parent / ".." / trace.parent.name / trace.name), DEFAULT_MAX_BYTES, False)
-    assert got is not None and got.content_hash == read_source(trace).content_hash
+    assert got is not None and got[0].content_hash == read_source(trace).content_hash
 
 
 def test_other_options_are_read_again(trace: Path) -> None:
@@ -114,6 +121,67 @@ def test_the_command_reads_ahead_to_the_same_report_and_errors(trace: Path, tmp_
     bad = tmp_path / "bad.json.gz"
     packed = path.read_bytes()
     bad.write_bytes(packed[:40] + bytes(64) + packed[104:])
+    ahead, alone = run_diag("analyze", str(bad)), run_diag("analyze", str(bad), "--jobs", "1")
+    assert ahead.returncode == alone.returncode == 2
+    assert ahead.stderr == alone.stderr and ahead.stderr.count("\n") == 1
+
+
+def test_a_parse_begun_before_the_imports_is_the_same_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_ahead.begin (the command calls it before importing DuckDB and the analysis): the head
+    decoded and the child forked ahead, which the ingest then takes: the same rows and file row
+    as a file read and parsed with nothing ahead (SPLIT_BYTES lowered, so that real traces split)."""
+    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+    for p in kineto_traces()[:4]:
+        read_ahead.start(str(p), DEFAULT_MAX_BYTES, False)
+        read_ahead.begin(str(p), DEFAULT_MAX_BYTES, False, None, None)
+        _, begun = read_ahead._begun[os.path.realpath(p)]
+        assert begun is not None and begun.split is not None and begun.split.half.pid
+        assert snapshot(p, split=True) == snapshot(p, split=False), p
+        assert not read_ahead._begun and begun.split.half.pid == 0   # taken, and its child reaped
+
+
+def test_a_parse_begun_for_a_file_not_wanted_ends_its_child(trace: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+    con = store.connect(None)
+    ingest([str(trace)], con, IngestOptions(rank=0))
+    read_ahead.start(str(trace), DEFAULT_MAX_BYTES, False)
+    read_ahead.begin(str(trace), DEFAULT_MAX_BYTES, False, None, None)
+    _, begun = read_ahead._begun[os.path.realpath(trace)]
+    assert begun is not None and begun.split is not None
+    r = ingest([str(trace)], con, IngestOptions(rank=0))   # already in: skipped, before any parse
+    assert [s.reason for s in r.skipped] == ["already ingested (same content)"]
+    assert begun.split.half.pid == 0 and begun.split.half.files.tables.closed
+    con.close()
+
+
+def test_what_is_not_begun(trace: Path, tmp_path: Path) -> None:
+    """Not read ahead: nothing to begin. Not a Kineto trace, one whose head does not decode (the
+    read only: read_kineto then says what is wrong, the command's one line, exit 2), or one that
+    merges ranks (parse_into tells them apart, as without a read ahead)."""
+    read_ahead.begin(str(trace), DEFAULT_MAX_BYTES, False, None, None)
+    assert not read_ahead._begun
+    bad, nccl, merged = tmp_path / "bad.json", tmp_path / "nccl.json", tmp_path / "merged.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": NaN}]}')
+    nccl.write_text('{"version": 1, "events": []}')
+    merged.write_text(json.dumps({"traceEvents": [
+        {"name": "process_name", "ph": "M", "pid": r + 1, "tid": 0, "args": {"name": f"Rank {r}"}} for r in (0, 1)]}))
+    for path in (bad, nccl, merged):
+        read_ahead.start(str(path), DEFAULT_MAX_BYTES, False)
+        read_ahead.begin(str(path), DEFAULT_MAX_BYTES, False, None, None)
+        taken = read_ahead.take(str(path), DEFAULT_MAX_BYTES, False)
+        assert taken is not None and taken[1] is None and not read_ahead._begun
+
+
+def test_the_command_begins_a_big_files_parse_to_the_same_report(tmp_path: Path) -> None:
+    # The control trace (35 MB of events): split, its child forked before the analysis imports;
+    # --jobs 1 reads it in one process. The same report. Bad JSON: the same one line, exit 2.
+    src = shared_traces() / "HolisticTraceAnalysis/tests/data/trace_diff/control/control.json.gz"
+    ahead, alone = run_diag("analyze", str(src), "--format", "json"), \
+        run_diag("analyze", str(src), "--format", "json", "--jobs", "1")
+    assert ahead.returncode == alone.returncode == 0 and ahead.stdout == alone.stdout
+    bad = tmp_path / "nan.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": NaN}]}')
     ahead, alone = run_diag("analyze", str(bad)), run_diag("analyze", str(bad), "--jobs", "1")
     assert ahead.returncode == alone.returncode == 2
     assert ahead.stderr == alone.stderr and ahead.stderr.count("\n") == 1

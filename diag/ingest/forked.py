@@ -46,16 +46,22 @@ Parse = Callable[["KinetoFile", Counter[str]], Iterator[dict[str, pa.Table]]]
 Work = Callable[[Counter[str]], Iterator[tuple[int, "KinetoFile", dict[str, pa.Table]]]]
 
 
+def can_split(jobs: int | None) -> bool:
+    """Whether a file may be parsed by two processes: a fork to be had, and more than one core
+    (`--jobs 1`: one process)."""
+    return hasattr(os, "fork") and (jobs or os.cpu_count() or 1) > 1
+
+
 class Claims:
     """Segments 0..n-1, claimed one at a time by two processes: this one from the front, the
     child from the back, until none is left. The two ends are in memory both processes share;
     each claim holds a POSIX record lock (fcntl.lockf, held per process: the two exclude each
     other), which the kernel drops if its holder dies."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, where: str | None = None) -> None:
         self.ends = mmap.mmap(-1, 16, flags=mmap.MAP_SHARED)
         struct.pack_into("qq", self.ends, 0, 0, n)
-        self.lock = tempfile.TemporaryFile(dir=scratch_dir())  # noqa: SIM115 - closed by close()
+        self.lock = tempfile.TemporaryFile(dir=where or scratch_dir())  # noqa: SIM115 - closed by close()
 
     def front(self) -> int | None:
         return self._claim(0)
@@ -91,8 +97,9 @@ class HalfFiles(NamedTuple):
     counts: IO[bytes]
 
     @classmethod
-    def open(cls) -> HalfFiles:
-        where = scratch_dir()
+    def open(cls, where: str | None = None) -> HalfFiles:
+        """In `where`, else the run's directory (lifetime.scratch_dir), else the system's."""
+        where = where or scratch_dir()
         return cls(tempfile.TemporaryFile(dir=where), tempfile.TemporaryFile(dir=where))
 
     def close(self) -> None:
@@ -145,14 +152,15 @@ class HalfFiles(NamedTuple):
 
 
 class SecondHalf:
-    """`work` run in a forked child from construction; `tables` yields its output."""
+    """`work` run in a forked child from construction; `tables` yields its output. `where`: the
+    directory of its files (HalfFiles.open)."""
 
-    def __init__(self, work: Work) -> None:
+    def __init__(self, work: Work, where: str | None = None) -> None:
         # Imported here so the child inherits it: pyarrow imports numpy.ma lazily at its first
         # conversion of a NumPy array, which both processes make at once after the fork (10 ms each).
         import numpy.ma  # noqa: F401
 
-        self.files = HalfFiles.open()
+        self.files = HalfFiles.open(where)
         self.status = -1   # the child's wait status, once reaped
         parent = os.getpid()
         try:
@@ -197,6 +205,9 @@ class SecondHalf:
             os.waitpid(self.pid, 0)
             self.pid = 0
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def close(self) -> None:
         self.cancel()   # left before the child's tables were wanted: it has nothing more to do
         self.files.close()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

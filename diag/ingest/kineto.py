@@ -20,7 +20,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing, contextmanager
 from functools import cache, lru_cache, partial
 from operator import itemgetter
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
 
 import msgspec
 import numpy as np
@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from diag.errors import BadInput
 
 if TYPE_CHECKING:
-    from diag.ingest.forked import Claims
+    from diag.ingest.forked import Claims, SecondHalf
     from diag.ingest.merged import RankMap
 
 Number = int | float
@@ -225,10 +225,57 @@ class KinetoFile(msgspec.Struct):
                          "era_2021": era_2021, "kernel_devices": devices})
 
 
+class _Split(NamedTuple):
+    """The events mv[pos:end] in segments, and the forked child claiming them from the back."""
+
+    pos: int
+    end: int
+    segments: list[tuple[int, int]]
+    claims: Claims
+    half: SecondHalf
+
+    def close(self) -> None:
+        self.half.close()
+        self.claims.close()
+
+
+class Begun(NamedTuple):
+    """read_kineto's first steps taken before it is called (`begin`), for the `data` they were
+    taken on: the head decoded and, for a file split, the child already parsing."""
+
+    data: Any
+    head: _Head
+    damage: int | None
+    decoded: Any
+    split: _Split | None
+
+    def __enter__(self) -> Begun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.split is not None:
+            self.split.close()
+
+
+def begin(path: str, data: Any, salvage: bool, release: Any, split: bool, where: str | None) -> Begun | None:
+    """read_kineto's first steps for `data`, taken while this process still has the rest of the
+    command's modules to import (diag/ingest/read_ahead.py): the head decoded and, with `split`
+    and events enough, the child forked, which parses from the back meanwhile. None if the head
+    does not decode (read_kineto then says why). Close it (a `with` block) once read_kineto is done."""
+    try:
+        head, damage, decoded = _decode_head(path, data, salvage)
+    except BadInput:
+        return None
+    pos, end = _span(decoded, head.traceEvents)
+    forked = split and end - pos >= SPLIT_BYTES
+    return Begun(data, head, damage, decoded,
+                 _fork_back(path, memoryview(decoded), pos, end, DEFAULT_CHUNK_BYTES, release, where) if forked else None)
+
+
 def read_kineto(
     path: str, data: Any, salvage: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     release: Any = None, split: bool = False, rank_map: RankMap | None = None,
-    while_waiting: Callable[[], None] | None = None,
+    while_waiting: Callable[[], None] | None = None, begun: Begun | None = None,
 ) -> tuple[KinetoFile, Iterator[dict[str, pa.Table]]]:
     """The file's metadata, and its event tables one bounded chunk at a time.
 
@@ -239,15 +286,19 @@ def read_kineto(
     more of events is parsed by this process and a forked child at once (diag/ingest/forked.py).
     With `rank_map` (a merged file), every table gets a `rank` column and each event its original pid.
     `while_waiting` is called when this process is done with its part and the child is not (the
-    consumer writes what it holds of the tables yielded so far, rather than wait idle).
+    consumer writes what it holds of the tables yielded so far, rather than wait idle). `begun`: its
+    first steps, taken already (`begin`).
     """
-    head, damage, decoded = _decode_head(path, data, salvage)
+    if begun is None or begun.data is not data:
+        begun = Begun(data, *_decode_head(path, data, salvage), None)
+    head, damage, decoded = begun.head, begun.damage, begun.decoded
     info = KinetoFile(
         schema_version=head.schemaVersion, time_unit=head.displayTimeUnit,
         base_time_ns=head.baseTimeNanoseconds, device_props=_json_or_none(path, "deviceProperties", head.deviceProperties),
         distributed_info=_json_or_none(path, "distributedInfo", head.distributedInfo), partial=damage is not None, damage_offset=damage,
     )
-    return info, _chunks(path, info, decoded, head.traceEvents, chunk_bytes, release, split, rank_map, while_waiting)
+    return info, _chunks(path, info, decoded, head.traceEvents, chunk_bytes, release, split, rank_map, while_waiting,
+                         begun.split)
 
 
 def _offset_in(data: Any, part: msgspec.Raw) -> int:
@@ -258,25 +309,21 @@ def _offset_in(data: Any, part: msgspec.Raw) -> int:
 
 def _chunks(
     path: str, info: KinetoFile, data: Any, events: msgspec.Raw, chunk_bytes: int, release: Any, split: bool,
-    rank_map: RankMap | None, while_waiting: Callable[[], None] | None,
+    rank_map: RankMap | None, while_waiting: Callable[[], None] | None, begun: _Split | None,
 ) -> Iterator[dict[str, pa.Table]]:
     """The tables of the events array `events`, read in place from `data`, the buffer it was decoded
     from (the file's content, or a salvaged copy of its first bytes): every position below is a byte
     of the file, as `release` and an error's offset want."""
     bad: Counter[str] = Counter()
     mv = memoryview(data)
-    base = _offset_in(data, events) if len(events) else 0
-    end = base + len(events)
-    while end > base and mv[end - 1] != ord("]"):
-        end -= 1
-    end -= 1                                    # the closing bracket
-    pos = base + 1                              # after the opening bracket
-    while pos < end and mv[pos] in b" \t\r\n":
-        pos += 1
+    pos, end = _span(data, events)
+    if begun is not None and not (split and rank_map is None and (begun.pos, begun.end) == (pos, end)):
+        begun.close()   # not wanted after all
+        begun = None
     if not (split and end - pos >= SPLIT_BYTES and rank_map is None):
         yield from _range(path, info, mv, pos, end, chunk_bytes, release, bad, None, rank_map)
     else:
-        yield from _two_ends(path, info, mv, pos, end, chunk_bytes, release, bad, while_waiting)
+        yield from _two_ends(path, info, mv, pos, end, chunk_bytes, release, bad, while_waiting, begun)
     info.warnings.extend(value_warnings(bad))
     if info.partial:
         info.warnings.append(
@@ -284,23 +331,32 @@ def _chunks(
         )
 
 
+def _span(data: Any, events: msgspec.Raw) -> tuple[int, int]:
+    """(first event's start, closing bracket) of the events array `events`, decoded from `data`."""
+    mv, base = memoryview(data), _offset_in(data, events) if len(events) else 0
+    end = base + len(events)
+    while end > base and mv[end - 1] != ord("]"):
+        end -= 1
+    end -= 1                                    # the closing bracket
+    pos = base + 1                              # after the opening bracket
+    while pos < end and mv[pos] in b" \t\r\n":
+        pos += 1
+    return pos, end
+
+
 def _two_ends(
     path: str, info: KinetoFile, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
-    bad: Counter[str], while_waiting: Callable[[], None] | None,
+    bad: Counter[str], while_waiting: Callable[[], None] | None, begun: _Split | None,
 ) -> Iterator[dict[str, pa.Table]]:
     """The events in mv[pos:end] in SEGMENTS segments, parsed by this process from the front and
-    by a forked child from the back (diag/ingest/forked.py), the tables in file order."""
-    from diag.ingest.forked import Claims, SecondHalf
-
-    segments = _segments(mv, pos, end, (end - pos) // SEGMENTS)
-    claims = Claims(len(segments))
-    try:
-        half = SecondHalf(partial(_from_the_back, path, mv, segments, claims, chunk_bytes, release))
-    except OSError:   # no second process to be had (memory, a process limit): one reads it all
-        claims.close()
+    by a forked child from the back (diag/ingest/forked.py; `begun`: the child forked already),
+    the tables in file order."""
+    forked = begun or _fork_back(path, mv, pos, end, chunk_bytes, release)
+    if forked is None:   # no second process to be had (memory, a process limit): one reads it all
         yield from _range(path, info, mv, pos, end, chunk_bytes, release, bad)
         return
-    with half, closing(claims):
+    segments, claims, half = forked.segments, forked.claims, forked.half
+    with closing(forked):
         at, mine, theirs = pos, None, 0   # where this process has read to; its last segment's end; the child's first
         while (i := claims.front()) is not None:
             # A segment whose end falls inside a string stops short of it (_range): the next one
@@ -318,6 +374,22 @@ def _two_ends(
         if while_waiting is not None and half.running():
             while_waiting()
         yield from half.tables(info, bad, lambda i, b: _range(path, i, mv, rest, end, chunk_bytes, release, b))
+
+
+def _fork_back(path: str, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
+               where: str | None = None) -> _Split | None:
+    """The events mv[pos:end] in SEGMENTS segments, and a forked child claiming them from the
+    back; None if no process can be forked."""
+    from diag.ingest.forked import Claims, SecondHalf
+
+    segments = _segments(mv, pos, end, (end - pos) // SEGMENTS)
+    claims = Claims(len(segments), where)
+    try:
+        half = SecondHalf(partial(_from_the_back, path, mv, segments, claims, chunk_bytes, release), where)
+    except OSError:
+        claims.close()
+        return None
+    return _Split(pos, end, segments, claims, half)
 
 
 def _segments(mv: memoryview, pos: int, end: int, size: int) -> list[tuple[int, int]]:

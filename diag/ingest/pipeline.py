@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Generator
-from contextlib import closing
+from contextlib import closing, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import duckdb
@@ -32,9 +32,11 @@ from diag.errors import BadInput, printable
 from diag.executor import LocalExecutor, make_executor
 from diag.ingest import read_ahead
 from diag.ingest.discover import discover, rank_from_name
+from diag.ingest.forked import can_split
 from diag.ingest.kineto import (
     EVENT_TABLES,
     SCHEMAS,
+    Begun,
     device_props_for,
     rank_from_distributed_info,
     read_kineto,
@@ -142,7 +144,17 @@ def parse_into(
     rank set first); with `split`, a big file is parsed by this process and a forked child at
     once. Returns the file's trace_files row, or why it was skipped. `prior`: the file read
     before at this path (see Prior): the row says whether it appends to it or replaces it."""
-    src = read_ahead.take(path, opts.max_bytes, opts.salvage) or read_source(path, opts.max_bytes, salvage=opts.salvage)
+    taken = read_ahead.take(path, opts.max_bytes, opts.salvage)
+    src, begun = taken if taken is not None else (read_source(path, opts.max_bytes, salvage=opts.salvage), None)
+    with begun if begun is not None else nullcontext():
+        return _parse_source(path, src, begun, known, opts, explicit, sink, split, prior)
+
+
+def _parse_source(
+    path: str, src: SourceBytes, begun: Begun | None, known: frozenset[str], opts: IngestOptions, explicit: bool,
+    sink: Sink, split: bool, prior: Prior | None,
+) -> dict[str, Any] | Skipped:
+    """parse_into, once the file is read (`begun`: its parse's first steps, taken already)."""
     if src.content_hash in known:
         return Skipped(path, "already ingested (same content)", duplicate=True)
     grown = prior is not None and prior.read_bytes is not None and len(src.data) >= prior.read_bytes and \
@@ -154,9 +166,9 @@ def parse_into(
         if explicit:
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)
         return Skipped(path, "not a trace (no traceEvents)")
-    merged = rank_map(src.data)
+    merged = None if begun is not None else rank_map(src.data)   # begun only for a file that merges no ranks
     info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release, split=split,
-                               rank_map=merged, while_waiting=sink.flush)
+                               rank_map=merged, while_waiting=sink.flush, begun=begun)
     warnings = [fmt.warning] if fmt.warning else []
     rank, world, backend = rank_from_distributed_info(info.distributed_info)
     source: str | None = "distributedInfo"
@@ -415,7 +427,7 @@ def _in_process(
     explicit: frozenset[str], seen: dict[str, str], before: dict[str, Prior],
 ) -> Generator[tuple[str, Outcome], None, None]:
     # One file at a time here, so a big one may take both halves of a two-core machine (--jobs 1: not).
-    split = hasattr(os, "fork") and (opts.jobs or os.cpu_count() or 1) > 1
+    split = can_split(opts.jobs)
     windows = _Windows(con)
     # Small files new at their path are parsed into memory (maybe ahead, in a pool: _parse_ahead)
     # and written many at a time; decided once, as a file may grow while the others are read.

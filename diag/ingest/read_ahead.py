@@ -12,6 +12,12 @@ anyway, while a bigger one's parsed ranges are handed back to the kernel as the 
 error, a warning, a size other than the one foreseen, a file changed since) and `take` returns
 None: the file is then read as it always was (read_source), and what is said of a bad file is the
 same.
+
+Once the parse's own modules are imported, `begin` takes the read and takes the parse's first
+steps too, before the command imports DuckDB and the analysis (~0.1 s): the head decoded and, for
+a file parsed on both cores, the forked child already claiming segments from the back
+(diag/ingest/forked.py). `diag analyze` of the control trace, whole processes, 21 interleaved
+runs: 1.36 → 1.27 s.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 import mmap
 import os
 import stat
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from diag.ingest.source import (
     GZIP_MAGIC,
@@ -30,6 +36,9 @@ from diag.ingest.source import (
     read_source,
     trailer_size,
 )
+
+if TYPE_CHECKING:
+    from diag.ingest.kineto import Begun
 
 
 class _Identity(NamedTuple):
@@ -49,6 +58,7 @@ class _Reader:
 
 
 _pending: dict[str, _Reader] = {}
+_begun: dict[str, tuple[SourceBytes, Begun | None]] = {}
 
 
 def _identity(path: str, max_bytes: int, salvage: bool) -> _Identity | None:
@@ -111,10 +121,14 @@ def start(path: str, max_bytes: int, salvage: bool) -> None:
     _pending[os.path.realpath(path)] = _Reader(pid, r, buf, key)
 
 
-def take(path: str, max_bytes: int, salvage: bool) -> SourceBytes | None:
-    """The read of `path` begun by `start` with the same options, once done; None if there is
-    none, or it was not clean, or the file changed since."""
-    reader = _pending.pop(os.path.realpath(path), None) if _pending else None
+def take(path: str, max_bytes: int, salvage: bool) -> tuple[SourceBytes, Begun | None] | None:
+    """The read of `path` begun by `start` with the same options, once done, and its parse's first
+    steps if `begin` took them (a `with` block closes them); None if there is no read, or it was
+    not clean, or the file changed since."""
+    key = os.path.realpath(path)
+    if key in _begun:
+        return _begun.pop(key)
+    reader = _pending.pop(key, None) if _pending else None
     if reader is None:
         return None
     with os.fdopen(reader.pipe, "rb") as f:
@@ -123,4 +137,30 @@ def take(path: str, max_bytes: int, salvage: bool) -> SourceBytes | None:
     if not said or _identity(path, max_bytes, salvage) != reader.key:
         return None
     content_hash, compressed = json.loads(said)
-    return SourceBytes(path, reader.buf, content_hash, compressed)
+    return SourceBytes(path, reader.buf, content_hash, compressed), None
+
+
+def begin(path: str, max_bytes: int, salvage: bool, jobs: int | None, where: str | None) -> None:
+    """For a file read ahead, once the parse's modules may be imported: the read taken and the
+    parse's first steps (kineto.begin: the head decoded and, if it may be split, a big file's child
+    forked), while this process imports the rest of the command's modules (DuckDB, the analysis).
+    The child then parses from the back ~0.1 s sooner, with the same rows and messages:
+    `diag/ingest/pipeline.py` takes them as it would have taken them itself, or closes them."""
+    if os.path.realpath(path) not in _pending:
+        return
+    # Imported before the read is taken: the reader is still inflating (~0.1 s for the 35 MB
+    # control trace) while they import.
+    from diag.ingest import kineto
+    from diag.ingest.forked import can_split
+    from diag.ingest.merged import rank_map
+    from diag.ingest.sniff import trace_format
+
+    taken = take(path, max_bytes, salvage)
+    if taken is None:
+        return
+    src = taken[0]
+    # A Kineto trace that merges no ranks (pipeline.parse_into then looks for none: a merged file
+    # is read as before, its ranks told apart and never split).
+    begun = kineto.begin(path, src.data, salvage, src.release, can_split(jobs), where) \
+        if trace_format(src.data).kind == "kineto" and rank_map(src.data) is None else None
+    _begun[os.path.realpath(path)] = src, begun
