@@ -249,12 +249,16 @@ class Begun(NamedTuple):
     decoded: Any
     split: _Split | None
 
+    def close(self) -> None:
+        """End the child, if read_kineto did not take it."""
+        if self.split is not None:
+            self.split.close()
+
     def __enter__(self) -> Begun:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.split is not None:
-            self.split.close()
+        self.close()
 
 
 def begin(path: str, data: Any, salvage: bool, release: Any, split: bool, where: str | None) -> Begun | None:
