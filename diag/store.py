@@ -59,7 +59,7 @@ def _open_into(done: Future[duckdb.DuckDBPyConnection]) -> None:
 def connect(db: str | Path | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) a diag store. `None` gives an in-memory store."""
     global _memory_ahead
-    if db is None and _memory_ahead is not None:
+    if db is None and not read_only and _memory_ahead is not None:
         ahead, _memory_ahead = _memory_ahead, None
         return ahead.result()
     return _connect(db, read_only)

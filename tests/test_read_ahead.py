@@ -180,6 +180,10 @@ def test_the_command_begins_a_big_files_parse_to_the_same_report(tmp_path: Path)
     ahead, alone = run_diag("analyze", str(src), "--format", "json"), \
         run_diag("analyze", str(src), "--format", "json", "--jobs", "1")
     assert ahead.returncode == alone.returncode == 0 and ahead.stdout == alone.stdout
+    # A --spill-dir not made yet (the run makes it): the child's files cannot be made ahead, and
+    # the file is split once the run's directory is there.
+    later = run_diag("analyze", str(src), "--format", "json", "--spill-dir", str(tmp_path / "not" / "yet"))
+    assert later.returncode == 0 and later.stdout == alone.stdout, later.stderr
     bad = tmp_path / "nan.json"
     bad.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": NaN}]}')
     ahead, alone = run_diag("analyze", str(bad)), run_diag("analyze", str(bad), "--jobs", "1")

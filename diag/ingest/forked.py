@@ -100,7 +100,12 @@ class HalfFiles(NamedTuple):
     def open(cls, where: str | None = None) -> HalfFiles:
         """In `where`, else the run's directory (lifetime.scratch_dir), else the system's."""
         where = where or scratch_dir()
-        return cls(tempfile.TemporaryFile(dir=where), tempfile.TemporaryFile(dir=where))
+        tables = tempfile.TemporaryFile(dir=where)  # noqa: SIM115 - closed by close(), or below
+        try:
+            return cls(tables, tempfile.TemporaryFile(dir=where))
+        except OSError:
+            tables.close()
+            raise
 
     def close(self) -> None:
         self.tables.close()

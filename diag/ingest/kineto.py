@@ -383,11 +383,15 @@ def _two_ends(
 def _fork_back(path: str, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
                where: str | None = None) -> _Split | None:
     """The events mv[pos:end] in SEGMENTS segments, and a forked child claiming them from the
-    back; None if no process can be forked."""
+    back; None if no process can be forked, or its files made (`where` not a directory, a full
+    disk): one process then reads them all."""
     from diag.ingest.forked import Claims, SecondHalf
 
     segments = _segments(mv, pos, end, (end - pos) // SEGMENTS)
-    claims = Claims(len(segments), where)
+    try:
+        claims = Claims(len(segments), where)
+    except OSError:
+        return None
     try:
         half = SecondHalf(partial(_from_the_back, path, mv, segments, claims, chunk_bytes, release), where)
     except OSError:
