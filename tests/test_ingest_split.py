@@ -60,6 +60,56 @@ def test_a_mapped_file_whose_pages_are_handed_back_splits_alike(monkeypatch: pyt
         assert snapshot(p, split=True) == snapshot(p, split=False), p
 
 
+@pytest.mark.usefixtures("split_everything")
+@pytest.mark.parametrize(("tail", "forks"), [
+    ("", 1),                                                        # where they seem: forked once
+    (', "deviceProperties": [{"id": 0}, {"id": 1}]', 2),            # an array after them: forked again
+])
+def test_the_child_forked_before_the_check_is_kept_only_where_the_events_are(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tail: str, forks: int) -> None:
+    """kineto.begin forks the child at where the events seem to be (the first "traceEvents" key,
+    the document's last `]`), then checks the whole document: a child whose segments do not span
+    the events is closed and one forked where they are. The rows are a single process's."""
+    spans: list[tuple[int, int]] = []
+    fork = kineto._fork_back
+
+    def counted(path: str, mv: memoryview, pos: int, end: int, *rest: Any) -> Any:
+        spans.append((pos, end))
+        return fork(path, mv, pos, end, *rest)
+
+    monkeypatch.setattr(kineto, "_fork_back", counted)
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
+               "args": {"External id": i}} for i in range(200)]
+    f = tmp_path / "rank-0.json"
+    f.write_text('{"distributedInfo": {"rank": 0}, "traceEvents": ' + json.dumps(events) + tail + "}")
+    got = snapshot(f, split=True)
+    assert len(spans) == forks and got == snapshot(f, split=False)
+    data = f.read_bytes()
+    assert spans[-1] == (data.index(b"[{") + 1, data.index(b"}]") + 1)   # the events' own span
+
+
+@pytest.mark.usefixtures("split_everything")
+def test_a_salvaged_files_events_are_split_in_the_salvaged_copy(tmp_path: Path) -> None:
+    """--salvage of a file cut short: the events are read from a copy of its complete part, where
+    they seem not to be in the file itself (it has no last `]`): the child is forked on the copy."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
+               "args": {"External id": i}} for i in range(200)]
+    text = json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events})
+    f = tmp_path / "rank-0.json"
+    f.write_text(text[: len(text) * 3 // 4])
+
+    def rows(jobs: int | None) -> list[Any]:
+        con = store.connect(None)
+        r = ingest([str(f)], con, IngestOptions(jobs=jobs, rank=0, salvage=True))
+        assert not r.errors, [e.one_line() for e in r.errors]
+        out = [con.execute(f"SELECT * EXCLUDE (file_id) FROM {t} ORDER BY ALL").fetchall() for t in TABLES]
+        con.close()
+        return out
+
+    split, alone = rows(None), rows(1)
+    assert split == alone and 100 < len(split[0]) < 200
+
+
 def string_of_boundaries(tmp_path: Path) -> Path:
     """40 events, the 21st named with ~28 kB of `"}, {"ph": "X"`: event boundaries, to the regex that
     cuts segments, inside a string."""

@@ -261,19 +261,46 @@ class Begun(NamedTuple):
         self.close()
 
 
-def begin(path: str, data: Any, salvage: bool, release: Any, split: bool, where: str | None) -> Begun | None:
-    """read_kineto's first steps for `data`, taken while this process still has the rest of the
-    command's modules to import (diag/ingest/read_ahead.py): the head decoded and, with `split`
-    and events enough, the child forked, which parses from the back meanwhile. None if the head
-    does not decode (read_kineto then says why). Close it (a `with` block) once read_kineto is done."""
+def begin(path: str, data: Any, salvage: bool, release: Any, split: bool, where: str | None = None) -> Begun:
+    """read_kineto's first steps for `data`, taken before it is called: the head decoded and, with
+    `split` and events enough, the child forked, which parses from the back meanwhile. Raises
+    BadInput as read_kineto would; close the result (a `with` block) once read_kineto is done.
+
+    The child is forked before the head is checked, at where the events seem to be (_seeming_span:
+    the first "traceEvents" key, the last `]`), so that it parses while this process checks the
+    whole document (0.04 s for the 35 MB control trace, 0.25 s for 307 MB). Where the check finds
+    the events elsewhere (an array after them, a salvaged copy), that child is closed and one is
+    forked where they are: read_kineto takes a child's segments only if they span the events."""
+    seeming = _seeming_span(data) if split else None
+    forked = _fork_back(path, memoryview(data), *seeming, DEFAULT_CHUNK_BYTES, release, where) \
+        if seeming is not None and seeming[1] - seeming[0] >= SPLIT_BYTES else None
     try:
         head, damage, decoded = _decode_head(path, data, salvage)
-    except BadInput:
-        return None
+    except BaseException:
+        if forked is not None:
+            forked.close()
+        raise
     pos, end = _span(decoded, head.traceEvents)
-    forked = split and end - pos >= SPLIT_BYTES
-    return Begun(data, head, damage, decoded,
-                 _fork_back(path, memoryview(decoded), pos, end, DEFAULT_CHUNK_BYTES, release, where) if forked else None)
+    if forked is not None and (decoded is not data or (forked.pos, forked.end) != (pos, end)):
+        forked.close()
+        forked = None
+    if forked is None and split and end - pos >= SPLIT_BYTES:
+        forked = _fork_back(path, memoryview(decoded), pos, end, DEFAULT_CHUNK_BYTES, release, where)
+    return Begun(data, head, damage, decoded, forked)
+
+
+# Kineto writes the events' key within the document's first bytes, after deviceProperties and
+# distributedInfo (a few kB); one not found there is not looked for further.
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
+_EVENTS_KEY_WITHIN = 1024 * 1024
+
+
+def _seeming_span(data: Any) -> tuple[int, int] | None:
+    """Where the events seem to be, as _span would say, unchecked: after the first "traceEvents"
+    key's `[`, up to the document's last `]`."""
+    m = _EVENTS_KEY.search(data, 0, min(len(data), _EVENTS_KEY_WITHIN))
+    end = data.rfind(b"]")
+    return (m.end(), end) if m is not None and end >= m.end() else None
 
 
 def read_kineto(

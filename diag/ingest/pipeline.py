@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Generator
-from contextlib import closing, nullcontext
+from contextlib import ExitStack, closing
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import duckdb
@@ -41,6 +41,7 @@ from diag.ingest.kineto import (
     rank_from_distributed_info,
     read_kineto,
 )
+from diag.ingest.kineto import begin as begin_kineto
 from diag.ingest.merged import rank_map
 from diag.ingest.ranks import assign_by_process
 from diag.ingest.sniff import AMBIGUOUS, trace_format
@@ -146,15 +147,18 @@ def parse_into(
     before at this path (see Prior): the row says whether it appends to it or replaces it."""
     taken = read_ahead.take(path, opts.max_bytes, opts.salvage)
     src, begun = taken if taken is not None else (read_source(path, opts.max_bytes, salvage=opts.salvage), None)
-    with begun if begun is not None else nullcontext():
-        return _parse_source(path, src, begun, known, opts, explicit, sink, split, prior)
+    with ExitStack() as done:
+        if begun is not None:
+            done.enter_context(begun)
+        return _parse_source(path, src, begun, done, known, opts, explicit, sink, split, prior)
 
 
 def _parse_source(
-    path: str, src: SourceBytes, begun: Begun | None, known: frozenset[str], opts: IngestOptions, explicit: bool,
-    sink: Sink, split: bool, prior: Prior | None,
+    path: str, src: SourceBytes, begun: Begun | None, done: ExitStack, known: frozenset[str], opts: IngestOptions,
+    explicit: bool, sink: Sink, split: bool, prior: Prior | None,
 ) -> dict[str, Any] | Skipped:
-    """parse_into, once the file is read (`begun`: its parse's first steps, taken already)."""
+    """parse_into, once the file is read (`begun`: its parse's first steps, if taken already;
+    `done`: what parse_into closes at its end)."""
     if src.content_hash in known:
         return Skipped(path, "already ingested (same content)", duplicate=True)
     grown = prior is not None and prior.read_bytes is not None and len(src.data) >= prior.read_bytes and \
@@ -167,6 +171,8 @@ def _parse_source(
             raise BadInput(path, "JSON that is not a trace (no traceEvents)", 0)
         return Skipped(path, "not a trace (no traceEvents)")
     merged = None if begun is not None else rank_map(src.data)   # begun only for a file that merges no ranks
+    if begun is None:
+        begun = done.enter_context(begin_kineto(path, src.data, opts.salvage, src.release, split and merged is None))
     info, chunks = read_kineto(path, src.data, salvage=opts.salvage, release=src.release, split=split,
                                rank_map=merged, while_waiting=sink.flush, begun=begun)
     warnings = [fmt.warning] if fmt.warning else []
