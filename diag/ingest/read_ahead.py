@@ -161,13 +161,9 @@ def begin(path: str, max_bytes: int, salvage: bool, jobs: int | None, where: str
     if taken is None:
         return
     src, begun = taken[0], None
-    if trace_format(src.data).kind == "kineto":
+    # Only for a trace that merges no ranks (pipeline.parse_into then looks for none: a merged file
+    # is read as before, its ranks told apart and never split).
+    if trace_format(src.data).kind == "kineto" and rank_map(src.data) is None:
         with contextlib.suppress(BadInput):   # said where it would have been without a read ahead
             begun = kineto.begin(path, src.data, salvage, src.release, can_split(jobs), where)
-    # Only for a trace that merges no ranks (pipeline.parse_into then looks for none: a merged file
-    # is read as before, its ranks told apart and never split). Looked for once the child is
-    # forked, which can begin 12 ms sooner (the control trace).
-    if begun is not None and rank_map(src.data) is not None:
-        begun.close()
-        begun = None
     _begun[os.path.realpath(path)] = src, begun
