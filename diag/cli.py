@@ -3,6 +3,7 @@ the options commands share. stdout is data, stderr is diagnostics; exit codes ar
 
 Imports flow one way: this module imports the commands (diag/commands.py, tui/commands.py and the
 modules whose switches a second program parses too: mfu, capture, example); nothing imports it.
+It imports each only when its command is the one run (`build_parser`): `diag --help` loads none.
 Every option value is checked while parsing (diag/option_types.py): a bad one is one line naming
 the option and the value, exit 2, before any work starts.
 """
@@ -12,24 +13,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from diag import __version__, commands
+from diag import __version__
 from diag.arrow_memory import use_system_allocator
 from diag.batch import collect_seldom, exit_now
 from diag.blas_threads import one_blas_thread
-from diag.capture import add_capture_arguments, run_capture_command
 from diag.errors import BadInput, ExitCode
-from diag.example import add_example_arguments, run_example_command
-from diag.ingest import read_ahead
-from diag.ingest.source import DEFAULT_MAX_BYTES
-from diag.mfu import add_mfu_arguments, run_mfu
 from diag.no_pandas import keep_pandas_out
 from diag.option_types import NEGATIVE_NUMBER, non_negative_int, positive_float, positive_int
-from tui import commands as ui
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
 FORMATS = ("text", "json", "markdown")
 
 
@@ -49,6 +43,8 @@ class DiagParser(argparse.ArgumentParser):
 
 def add_ingest_options(p: argparse.ArgumentParser) -> None:
     """What every command that reads traces takes: how to read them."""
+    from diag.ingest.source import DEFAULT_MAX_BYTES
+
     p.add_argument("--salvage", action="store_true",
                    help="keep the complete events before damage in a truncated/corrupt file (marked partial)")
     p.add_argument("--max-bytes", type=positive_int, default=DEFAULT_MAX_BYTES,
@@ -89,6 +85,8 @@ def _add_report_options(p: argparse.ArgumentParser, html: bool = False) -> None:
 
 
 def _add_ui_options(p: argparse.ArgumentParser) -> None:
+    from tui import commands as ui
+
     add_model_options(p)
     add_ingest_options(p)
     p.add_argument("--theme", choices=tuple(ui.THEMES), default="dark", help="colours (T toggles them in the app)")
@@ -96,16 +94,21 @@ def _add_ui_options(p: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------------------------ commands
 
-def _ingest(sub: Subparsers) -> None:
-    p = sub.add_parser("ingest", help="ingest Kineto traces (and NCCL-side dumps) into a DuckDB file")
+# Each takes the command's parser (made by build_parser, with the command's one-line help) and adds
+# its arguments and handler, importing the modules only that command needs.
+
+def _ingest(p: argparse.ArgumentParser) -> None:
+    from diag import commands
+
     p.add_argument("paths", nargs="+", help="trace files or directories (searched recursively)")
     p.add_argument("--db", required=True, help="DuckDB file to create or add to")
     add_ingest_options(p)
     p.set_defaults(handler=commands.run_ingest)
 
 
-def _analyze(sub: Subparsers) -> None:
-    p = sub.add_parser("analyze", help="ingest what is new, attribute every step, print the report")
+def _analyze(p: argparse.ArgumentParser) -> None:
+    from diag import commands
+
     p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
     add_model_options(p)
     add_ingest_options(p)
@@ -114,8 +117,9 @@ def _analyze(sub: Subparsers) -> None:
     p.set_defaults(handler=commands.run_analyze)
 
 
-def _export(sub: Subparsers) -> None:
-    p = sub.add_parser("export", help="all ranks on the aligned clock with the ledger, for Perfetto (docs/export.md)")
+def _export(p: argparse.ArgumentParser) -> None:
+    from diag import commands
+
     p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
     p.add_argument("--perfetto", required=True, metavar="OUT.json[.gz]",
                    help="Chrome trace-event JSON to write (gzip when the name ends in .gz); open it in ui.perfetto.dev")
@@ -126,8 +130,9 @@ def _export(sub: Subparsers) -> None:
     p.set_defaults(handler=commands.run_export)
 
 
-def _demo(sub: Subparsers) -> None:
-    p = sub.add_parser("demo", help="generate a small 8-rank H100 run with known causes, analyze it, open the UI")
+def _demo(p: argparse.ArgumentParser) -> None:
+    from diag import commands
+
     p.add_argument("--out", default=None, help="keep the generated traces here (default: a temporary directory, "
                                                "removed at the end)")
     p.add_argument("--no-tui", action="store_true",
@@ -136,15 +141,17 @@ def _demo(sub: Subparsers) -> None:
     p.set_defaults(handler=commands.run_demo)
 
 
-def _tui(sub: Subparsers) -> None:
-    p = sub.add_parser("tui", help="explore an analysis: overview, findings, rank heatmap, timeline, collectives")
+def _tui(p: argparse.ArgumentParser) -> None:
+    from tui import commands as ui
+
     p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
     _add_ui_options(p)
     p.set_defaults(handler=ui.run_tui)
 
 
-def _live(sub: Subparsers) -> None:
-    p = sub.add_parser("live", help="follow the directory a running job's profiler writes into")
+def _live(p: argparse.ArgumentParser) -> None:
+    from tui import commands as ui
+
     p.add_argument("dir", help="the directory torch.profiler's trace handler writes into")
     _add_ui_options(p)
     p.add_argument("--poll", type=positive_float, default=0.4,
@@ -154,12 +161,12 @@ def _live(sub: Subparsers) -> None:
     p.set_defaults(handler=ui.run_live)
 
 
-def _gate(sub: Subparsers) -> None:
-    p = sub.add_parser(
-        "gate", help="exit 1 when CURRENT's attribution regresses against a baseline past a budget",
-        description="Compare CURRENT with --baseline BASE and fail (exit 1) when MFU, a ledger bucket or a "
-                    "rule's findings got worse beyond the budget and beyond the baseline's step-to-step noise. "
-                    "Exit 2: bad input. See docs/gate.md.")
+def _gate(p: argparse.ArgumentParser) -> None:
+    from diag import commands
+
+    p.description = ("Compare CURRENT with --baseline BASE and fail (exit 1) when MFU, a ledger bucket or a "
+                     "rule's findings got worse beyond the budget and beyond the baseline's step-to-step noise. "
+                     "Exit 2: bad input. See docs/gate.md.")
     p.add_argument("current", help="the new run: a diag.report/1 JSON (diag analyze --format json), a trace "
                                    "directory, or a diag DuckDB file")
     p.add_argument("--baseline", required=True, help="the reference run, in any of the same forms")
@@ -175,33 +182,56 @@ def _gate(sub: Subparsers) -> None:
     p.set_defaults(handler=commands.run_gate)
 
 
-def _mfu(sub: Subparsers) -> None:
-    p = sub.add_parser("mfu", help="MFU from tokens/s (or tokens/s from MFU) for a model and GPU count")
+def _mfu(p: argparse.ArgumentParser) -> None:
+    from diag.mfu import add_mfu_arguments, run_mfu
+
     add_mfu_arguments(p)
     p.set_defaults(handler=run_mfu)
 
 
-def _capture(sub: Subparsers) -> None:
-    p = sub.add_parser("capture", help="run a training command with the profiler settings diag needs")
+def _capture(p: argparse.ArgumentParser) -> None:
+    from diag.capture import add_capture_arguments, run_capture_command
+
     add_capture_arguments(p)
     p.set_defaults(handler=run_capture_command)
 
 
-def _example(sub: Subparsers) -> None:
-    p = sub.add_parser("example", help="run the example GPT job (gloo on CPU, NCCL on GPUs), captured into --out")
+def _example(p: argparse.ArgumentParser) -> None:
+    from diag.example import add_example_arguments, run_example_command
+
     add_example_arguments(p)
     p.set_defaults(handler=run_example_command)
 
 
-COMMANDS = (_ingest, _analyze, _export, _tui, _live, _gate, _mfu, _demo, _capture, _example)
+# name → (one line for `diag --help`, what adds the command's arguments), in the order --help lists them.
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "ingest": ("ingest Kineto traces (and NCCL-side dumps) into a DuckDB file", _ingest),
+    "analyze": ("ingest what is new, attribute every step, print the report", _analyze),
+    "export": ("all ranks on the aligned clock with the ledger, for Perfetto (docs/export.md)", _export),
+    "tui": ("explore an analysis: overview, findings, rank heatmap, timeline, collectives", _tui),
+    "live": ("follow the directory a running job's profiler writes into", _live),
+    "gate": ("exit 1 when CURRENT's attribution regresses against a baseline past a budget", _gate),
+    "mfu": ("MFU from tokens/s (or tokens/s from MFU) for a model and GPU count", _mfu),
+    "demo": ("generate a small 8-rank H100 run with known causes, analyze it, open the UI", _demo),
+    "capture": ("run a training command with the profiler settings diag needs", _capture),
+    "example": ("run the example GPT job (gloo on CPU, NCCL on GPUs), captured into --out", _example),
+}
 
 
-def build_parser() -> DiagParser:
+def build_parser(argv: Sequence[str] | None = None) -> DiagParser:
+    """The parser for `argv` (None: every command's, complete). Only the command `argv` names gets
+    its arguments, and so its modules: `diag --help` lists the commands without importing any
+    (issue 16: ≤ 0.15 s; mfu, capture and the commands' read-ahead were ~0.1 s of imports). The
+    command is argv's first word not starting with "-": the top level's only options, --help and
+    --version, take no value."""
     parser = DiagParser(prog="diag", description="Where did the MFU go? Attribution of every step's time, by cause.")
     parser.add_argument("--version", action="version", version=f"diag {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in COMMANDS:
-        register(sub)
+    named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, (line, add_arguments) in COMMANDS.items():
+        p = sub.add_parser(name, help=line)
+        if named is None or name == named:
+            add_arguments(p)
     return parser
 
 
@@ -213,19 +243,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     user's programs (diag/blas_threads.py), and, for the batch commands, collects garbage
     seldom and ends as soon as its output is out (diag/batch.py). Called with a list, as from a
     program or a test, it leaves that program's imports, allocator, collector and exit alone."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     if argv is None:
         use_system_allocator()
-    if argv is None and args.handler not in _RUNS_PROGRAMS:
+    if argv is None and args.command not in _RUNS_PROGRAMS:
         one_blas_thread()
     if argv is None and getattr(args, "executor", "local") != "ray":
         keep_pandas_out()
-    if argv is None and args.handler in _BATCH:
+    if argv is None and args.command in _BATCH:
         collect_seldom()
-    if argv is None and args.handler in (commands.run_analyze, commands.run_ingest):
+    if argv is None and args.command in ("analyze", "ingest"):
         _read_ahead(args)
     code = _run(args)
-    if argv is None and args.handler in _BATCH:
+    if argv is None and args.command in _BATCH:
         exit_now(code)
     return code
 
@@ -234,6 +264,8 @@ def _read_ahead(args: argparse.Namespace) -> None:
     """`analyze FILE` or `ingest FILE`: the file's read begins now, in a process of its own, while
     this one imports what the command needs (diag/ingest/read_ahead.py). Not with --jobs 1 (one
     process) or on Ray (the parse runs there)."""
+    from diag.ingest import read_ahead
+
     paths = args.paths if hasattr(args, "paths") else [args.path]
     if len(paths) == 1 and args.jobs != 1 and args.executor == "local":
         read_ahead.start(paths[0], args.max_bytes, args.salvage)
@@ -241,7 +273,7 @@ def _read_ahead(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        commands.resolve_gpu(args)
+        _resolve_gpu(args)
         return int(args.handler(args))
     except BadInput as e:
         print(e.message(), file=sys.stderr)
@@ -255,12 +287,28 @@ def _run(args: argparse.Namespace) -> int:
         return ExitCode.INTERNAL
 
 
+def _resolve_gpu(args: argparse.Namespace) -> None:
+    """--gpu as typed (`h100`, `H100-SXM`, `NVIDIA H100 80GB HBM3`) → the part's key, before any work;
+    an ambiguous name's choice is said on stderr."""
+    if getattr(args, "gpu", None) is None:
+        return
+    from diag import hardware
+
+    try:
+        found = hardware.resolve_part(args.gpu)
+    except ValueError as e:
+        raise BadInput("--gpu", str(e)) from None
+    if found.note:
+        print(f"diag: note: {found.note}", file=sys.stderr)
+    args.gpu = found.part.key
+
+
 # Commands whose work is all done when their handler returns (batch.exit_now). Not the UIs
 # (Textual restores the terminal on its own way out) nor capture and example, which run the user's
 # code and its exit hooks (the profiler flushes its trace).
-_BATCH = frozenset({commands.run_ingest, commands.run_analyze, commands.run_export, commands.run_gate})
+_BATCH = frozenset({"ingest", "analyze", "export", "gate"})
 # The commands that run the user's programs (their children's environment is the user's).
-_RUNS_PROGRAMS = frozenset({run_capture_command, run_example_command})
+_RUNS_PROGRAMS = frozenset({"capture", "example"})
 
 
 if __name__ == "__main__":

@@ -24,22 +24,6 @@ if TYPE_CHECKING:
 
 # ----------------------------------------------------------------------------- shared options
 
-def resolve_gpu(args: argparse.Namespace) -> None:
-    """--gpu as typed (`h100`, `H100-SXM`, `NVIDIA H100 80GB HBM3`) → the part's key, before any work;
-    an ambiguous name's choice is said on stderr."""
-    if getattr(args, "gpu", None) is None:
-        return
-    from diag import hardware
-
-    try:
-        found = hardware.resolve_part(args.gpu)
-    except ValueError as e:
-        raise BadInput("--gpu", str(e)) from None
-    if found.note:
-        print(f"diag: note: {found.note}", file=sys.stderr)
-    args.gpu = found.part.key
-
-
 def analyze_options(args: argparse.Namespace) -> AnalyzeOptions:
     """The model options, checked before any work: a model that loads, and one whose MFU can be
     computed (a preset carries no tokens per step, and traces do not record it)."""

@@ -195,12 +195,34 @@ def test_analyze_shows_progress_on_a_terminal_and_nothing_off_one(demo_run: Path
     assert "\x1b[" not in quiet.stderr and "8/8" not in quiet.stderr
 
 
+def _loaded_by(argv: list[str]) -> set[str]:
+    """The modules `diag ARGV` has loaded when its parser exits (--help) or its work is done."""
+    code = (f"import sys\nfrom diag.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.strip().splitlines()[-1].split())
+
+
 def test_help_imports_only_what_the_parser_needs() -> None:
     """`diag --help` (issue 16: ≤ 0.15 s) loads none of the heavy libraries, nor msgspec, whose import
-    (typing_extensions) costs it ~20 ms: the modules it loads keep dataclasses (diag/ingest/source.py)."""
-    code = ("import sys\nfrom diag.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    loaded = set(done.stdout.strip().splitlines()[-1].split())
-    assert done.returncode == 0, done.stderr
-    assert not loaded & {"duckdb", "pyarrow", "numpy", "polars", "pandas", "msgspec", "textual"}, loaded
+    (typing_extensions) costs it ~20 ms, nor any command's modules (mfu's part table, capture, the
+    commands' read-ahead: ~0.1 s together): the parser lists the commands without them."""
+    loaded = _loaded_by(["--help"])
+    tops = {m.split(".")[0] for m in loaded}
+    assert not tops & {"duckdb", "pyarrow", "numpy", "polars", "pandas", "msgspec", "textual"}, tops
+    assert not loaded & {"diag.commands", "diag.mfu", "diag.hardware", "diag.capture", "diag.example",
+                         "diag.ingest", "tui.commands"}, sorted(m for m in loaded if m.startswith(("diag", "tui")))
+
+
+def test_a_command_imports_its_own_modules_only() -> None:
+    """`diag mfu --help` builds the mfu command's arguments (its module), not capture's or the
+    trace commands'; every command's --help still lists its own options."""
+    loaded = _loaded_by(["mfu", "--help"])
+    assert "diag.mfu" in loaded
+    assert not loaded & {"diag.commands", "diag.capture", "diag.example", "diag.ingest"}
+    own = {"ingest": "--db", "analyze": "--model", "export": "--perfetto", "tui": "--theme", "live": "--poll",
+           "gate": "--baseline", "mfu": "--tokens-per-s", "demo": "--no-tui", "capture": "--out", "example": "--nproc"}
+    for command, option in own.items():
+        done = run_diag(command, "--help")
+        assert done.returncode == 0 and f"usage: diag {command}" in done.stdout and option in done.stdout, command
