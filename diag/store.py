@@ -390,9 +390,12 @@ def write_files(con: duckdb.DuckDBPyConnection,
                 stored = _stored_row(row, fid)
                 by_cols.setdefault(tuple(stored), []).append(stored)
             for cols, rows in by_cols.items():
-                con.execute(f"INSERT INTO trace_files ({', '.join(cols)}) VALUES "
-                            + ", ".join(f"({', '.join('?' for _ in cols)})" for _ in rows),
-                            [r[c] for r in rows for c in cols])
+                # As Arrow, not as one VALUES list of parameters: DuckDB binds each parameter on
+                # its own, ~42 ms for 64 files' rows against ~8 ms (a quarter of the parent's CPU
+                # in an ingest of 2,000 small files).
+                with registered(con, "_incoming", pa.table({c: [r[c] for r in rows] for c in cols})):
+                    con.execute(f"INSERT INTO trace_files ({', '.join(cols)}) "
+                                f"SELECT {', '.join(_quoted(list(cols)))} FROM _incoming")
     except duckdb.Error as e:
         if disk_full(e):
             others = f", nor of the {len(files) - 1} small files written with it" if len(files) > 1 else ""
