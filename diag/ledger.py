@@ -34,6 +34,7 @@ class StepLedger(msgspec.Struct):
     buckets: dict[str, float] = msgspec.field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
     refused_s: dict[str, float] = msgspec.field(default_factory=dict)   # what claims asked for beyond the pools
     closed: bool = False
+    shares: dict[str, float] | None = None   # fractions(), kept at close
 
     @classmethod
     def open(cls, rank: int, st: StepStates) -> StepLedger:
@@ -67,7 +68,14 @@ class StepLedger(msgspec.Struct):
             self.buckets[bucket] += self.pools[pool]
             self.pools[pool] = 0.0
         self.closed = True
+        self.shares = self._fractions()
 
     def fractions(self) -> dict[str, float]:
+        """Each bucket's share of the step window. A closed ledger's are worked out once, at
+        close: the rules and the report ask for them per bucket and ledger (10,000 ranks: 210,000
+        calls, 1.7 s of the analysis's serial end)."""
+        return self.shares if self.shares is not None else self._fractions()
+
+    def _fractions(self) -> dict[str, float]:
         w = self.window_s
         return {b: (s / w if w > 0 else 0.0) for b, s in self.buckets.items()}

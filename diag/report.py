@@ -34,7 +34,8 @@ def build_report(a: Analysis) -> dict[str, Any]:
         rank_windows[lg.rank].append(lg.window_s)
     windows = [lg.window_s for lg in lgs]
     rank_time = {r: statistics.fmean(w) for r, w in rank_windows.items()}
-    worst = min(by_rank, key=lambda r: (_mean(by_rank[r])["model_compute"], -rank_time[r])) if by_rank else None
+    rank_mean = {r: _mean(v) for r, v in by_rank.items()}   # once: 10,000 ranks took 0.5 s a pass
+    worst = min(rank_mean, key=lambda r: (rank_mean[r]["model_compute"], -rank_time[r])) if rank_mean else None
     return {
         "schema": SCHEMA,
         "diag_version": __version__,
@@ -56,12 +57,12 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "mfu_bf16": run.peak.mfu_bf16(run.mfu),
         "hfu": run.hfu,
         "ledger": _mean([lg.fractions() for lg in lgs]),
-        "ledger_by_rank": {str(r): _mean(v) for r, v in sorted(by_rank.items())},
+        "ledger_by_rank": {str(r): m for r, m in sorted(rank_mean.items())},
         "ledger_by_step": {str(s): _mean(v) for s, v in sorted(by_step.items())},
         "ledger_median_over_steps": {b: statistics.median(_mean(v)[b] for v in by_step.values()) for b in BUCKETS}
         if by_step else {},
         "worst_rank": None if worst is None else {"rank": worst, "step_time_s": rank_time[worst],
-                                                  "ledger": _mean(by_rank[worst])},
+                                                  "ledger": rank_mean[worst]},
         "findings": [_finding(f) for f in a.findings],
         "clock_offsets_us": {str(r): o.offset_ns / 1000 if o.linked else None for r, o in sorted(run.offsets.items())},
         "clock_offset_spread_us": {str(r): o.spread_ns / 1000 for r, o in sorted(run.offsets.items())},
