@@ -53,7 +53,7 @@ def map_elsewhere(con: duckdb.DuckDBPyConnection, files: list[int], gpu: str | N
 def _export(con: duckdb.DuckDBPyConnection, files: list[int], root: Path) -> Path:
     out = root / str(files[0])
     out.mkdir()
-    ids = ", ".join(str(int(f)) for f in files)
+    ids = store.id_set(files)
     for table in SOURCE_TABLES:
         con.execute(f"COPY (SELECT * FROM {table} WHERE file_id IN ({ids})) TO '{out / table}.parquet' (FORMAT parquet)")
     return out

@@ -7,7 +7,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
@@ -163,6 +163,13 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[Seque
         return
     names = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
     insert_arrow(con, table, pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(names)}))
+
+
+def id_set(ids: Iterable[int]) -> str:
+    """SQL for `file_id IN (…)` over many ids: a subquery of one list. DuckDB parses and binds a
+    list of literals one constant at a time: a query over 256 files' ids took 2–3× as long with
+    `IN (1, 2, …)` as with `IN (SELECT unnest([1, 2, …]))` (the same rows in the same order)."""
+    return f"SELECT unnest([{', '.join(str(int(i)) for i in ids)}])"
 
 
 def arrow_table(con: duckdb.DuckDBPyConnection, query: str, params: Any = None) -> pa.Table:

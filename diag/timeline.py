@@ -199,7 +199,7 @@ def load_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> Generato
 
 def read_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[RankRows]:
     """The rows of each of `files`, in order, read by one query per table for them all."""
-    ids = ", ".join(str(int(f)) for f in files)
+    ids = store.id_set(files)
     meta = {r[0]: r[1:] for r in con.execute(
         "SELECT file_id, rank, coalesce(capture_window, 0), world_size, device_props, first_ts_ns, last_ts_ns "
         f"FROM trace_files WHERE file_id IN ({ids})"
@@ -207,7 +207,7 @@ def read_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[Ran
     acts = _by_file(store.arrow_table(con, _ACTIVITIES.format(files=ids)), files)
     hosts = [f for f in files if not acts[f].num_rows]
     if hosts:
-        acts.update(_by_file(store.arrow_table(con, _HOST_ACTIVITIES.format(files=", ".join(map(str, hosts)))), hosts))
+        acts.update(_by_file(store.arrow_table(con, _HOST_ACTIVITIES.format(files=store.id_set(hosts))), hosts))
     spans: dict[int, list[tuple[Any, ...]]] = {f: [] for f in files}
     for f, *span in con.execute(
         f"""
