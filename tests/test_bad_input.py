@@ -56,6 +56,22 @@ def test_truncated_file_is_refused_then_salvaged(tmp_path: Path) -> None:
     assert rows(tmp_path) == (12, True)       # events 0..11 were complete
 
 
+
+def test_the_report_notes_the_salvaged_file_alone(tmp_path: Path) -> None:
+    """A salvaged rank beside a whole one: the report's notes name the salvaged file, where it
+    was damaged and how many events were analyzed; the whole rank gets no note."""
+    text = trace_text()
+    cut = text.index('"aten::op12"')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank-0.json").write_text(text[:cut])
+    (run / "rank-1.json").write_text(text.replace('"rank": 0', '"rank": 1'))
+    r = run_diag("analyze", str(run), "--salvage", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    notes = [n for n in json.loads(r.stdout)["notes"] if "--salvage" in n]
+    assert notes == [f"rank 0 (rank-0.json): damaged at byte {cut}; analyzed the 12 complete events before it "
+                     "(--salvage)"], notes
+
 def test_truncated_gzip_is_refused_with_offset(tmp_path: Path) -> None:
     data = gzip.compress(trace_text().encode())
     f = tmp_path / "rank-0.pt.trace.json.gz"
