@@ -110,16 +110,15 @@ def _ingest_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
     # Only the files with something to say reach Python (10,000 small ranks: 0.6 s for all).
     rows = con.execute(
         """
-        SELECT * FROM (
-            SELECT rank, path, partial, damage_offset, n_events,
-                   list_filter(from_json(coalesce(warnings, '[]'), '["VARCHAR"]'), lambda w: starts_with(w, 'values: '))
-                   AS v, capture_window, file_id
+        SELECT rank, path, partial, damage_offset, n_events, v FROM (
+            SELECT *, list_filter(from_json(coalesce(warnings, '[]'), '["VARCHAR"]'), lambda w: starts_with(w, 'values: '))
+                   AS v
             FROM trace_files WHERE kind = 'kineto'
         ) WHERE partial OR len(v) > 0 ORDER BY rank, capture_window, file_id
         """
     ).fetchall()
     notes = []
-    for rank, path, partial, damage, n_events, values, _, _ in rows:
+    for rank, path, partial, damage, n_events, values in rows:
         name = Path(path).name
         if partial:
             notes.append(f"rank {rank} ({name}): damaged at byte {damage}; analyzed the {n_events} complete "

@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 from msgspec.structs import replace
 
+from diag import store
 from diag.analysis import Finding, RunContext
 from diag.collectives import Call
 from diag.critical_path import aligned_offsets
@@ -149,7 +150,7 @@ class Retimer:
         for batch in read_batches(self.con, file_ids):
             rows = self.con.execute(
                 f"SELECT file_id, start_ns, end_ns FROM gpu_segments WHERE state = $s "
-                f"AND file_id IN ({', '.join(str(int(f)) for f in batch)}) ORDER BY file_id, start_ns",
+                f"AND file_id IN ({store.id_set(batch)}) ORDER BY file_id, start_ns",
                 {"s": state}).fetchnumpy()
             fid, rs, re_ = (np.asarray(rows[k], np.int64) for k in ("file_id", "start_ns", "end_ns"))
             for f in batch:

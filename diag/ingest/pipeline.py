@@ -413,7 +413,7 @@ def ingest(
         with store.transaction(con):
             result.warnings += assign_by_process(con, [f for (f,) in con.execute(
                 f"SELECT file_id FROM trace_files WHERE kind = 'kineto' AND rank IS NULL "
-                f"AND file_id IN ({', '.join(map(str, ingested))})").fetchall()])
+                f"AND file_id IN ({store.id_set(ingested)})").fetchall()])
     _number_windows(con)
     return result
 

@@ -21,6 +21,7 @@ import duckdb
 import msgspec
 from msgspec.structs import replace
 
+from diag import store
 from diag.errors import BadInput
 from diag.ingest.discover import name_parts
 from diag.ingest.kineto import SCHEMAS
@@ -54,7 +55,7 @@ def assign_by_process(con: duckdb.DuckDBPyConnection, file_ids: list[int]) -> li
     Returns one warning per file, `<path>: <what it was given>` (also kept with the file)."""
     if not file_ids:
         return []
-    ids = ", ".join(str(int(f)) for f in file_ids)
+    ids = store.id_set(file_ids)
     pending = [p for p, _ in _processes(con, f"file_id IN ({ids})")]
     known = {p.key: r for p, r in _processes(con, f"rank_source = 'process' AND file_id NOT IN ({ids})")}
     taken = {r for (r,) in con.execute("SELECT DISTINCT rank FROM trace_files WHERE kind = 'kineto' "
