@@ -1,7 +1,7 @@
-"""A command's file read ahead in a forked process (diag/ingest/read_ahead.py) is the same read as
-read_source's, and anything but a clean read of the same file with the same options is read again
-the usual way: the same bytes, hash and errors either way. Its parse begun ahead (read_ahead.begin)
-is the same parse."""
+"""A command's file read ahead in a forked process, or a thread for a big file
+(diag/ingest/read_ahead.py), is the same read as read_source's, and anything but a clean read of
+the same file with the same options is read again the usual way: the same bytes, hash and errors
+either way. Its parse begun ahead (read_ahead.begin) is the same parse."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from test_ingest_split import snapshot
 
 from diag import store
 from diag.errors import BadInput
-from diag.ingest import kineto, read_ahead
+from diag.ingest import kineto, read_ahead, source
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
 from fixtures.generate import generate
@@ -104,10 +104,46 @@ def test_what_is_not_read_ahead(trace: Path, tmp_path: Path, monkeypatch: pytest
     empty.write_bytes(b"")
     for path in (store, empty, tmp_path, tmp_path / "missing.json"):
         read_ahead.start(str(path), DEFAULT_MAX_BYTES, False)
-    monkeypatch.setattr(read_ahead, "IN_MEMORY_BYTES", os.path.getsize(trace) - 1)   # big files: not shared
-    read_ahead.start(str(trace), DEFAULT_MAX_BYTES, False)
     read_ahead.start(str(trace), os.path.getsize(trace) - 1, False)   # over --max-bytes
     assert not read_ahead._pending
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_big_file_is_read_ahead_by_a_thread_into_memory_it_can_hand_back(
+        trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressed: bool) -> None:
+    """Past IN_MEMORY_BYTES (lowered here) a file is read by a thread, not shared with a reader
+    process: the same bytes and hash as read_source's, in this process's private memory, whose
+    parsed pages SourceBytes.release hands back (they then read as zeros, as without a read ahead)."""
+    monkeypatch.setattr(read_ahead, "IN_MEMORY_BYTES", 4096)
+    monkeypatch.setattr(source, "IN_MEMORY_BYTES", 4096)
+    path = trace
+    if compressed:
+        path = tmp_path / "rank.json.gz"
+        path.write_bytes(gzip.compress(trace.read_bytes()))
+    read_ahead.start(str(path), DEFAULT_MAX_BYTES, False)
+    assert isinstance(read_ahead._pending[os.path.realpath(path)], read_ahead._Thread)
+    got, want = _ahead(path), read_source(path)
+    assert got is not None and isinstance(got.data, mmap.mmap) and got.path == str(path)
+    assert (bytes(got.data), got.content_hash, got.compressed) == (bytes(want.data), want.content_hash, want.compressed)
+    got.release(0, 2 * mmap.PAGESIZE)
+    assert bytes(got.data[: mmap.PAGESIZE]) == bytes(mmap.PAGESIZE)
+
+
+def test_a_big_file_that_cannot_be_read_cleanly_is_read_again(trace: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread's read of a big file fails quietly (a damaged gzip) or is not taken (the file
+    changed since): read again the usual way, which says what is wrong."""
+    monkeypatch.setattr(read_ahead, "IN_MEMORY_BYTES", 4096)
+    packed = gzip.compress(trace.read_bytes())
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(packed[: len(packed) // 2] + packed[-8:])
+    assert _ahead(cut) is None and _ahead(cut, salvage=True) is None
+    path = tmp_path / "growing.json"
+    path.write_bytes(trace.read_bytes())
+    read_ahead.start(str(path), DEFAULT_MAX_BYTES, False)
+    with path.open("ab") as f:
+        f.write(b"\n")
+    assert read_ahead.take(str(path), DEFAULT_MAX_BYTES, False) is None and not read_ahead._pending
 
 
 def test_the_command_reads_ahead_to_the_same_report_and_errors(trace: Path, tmp_path: Path) -> None:
