@@ -229,6 +229,28 @@ def test_while_an_ingest_writes_duckdb_takes_the_cores_the_parse_leaves(tmp_path
     con.close()
 
 
+def test_the_runs_last_file_is_checkpointed_as_it_commits(tmp_path: Path) -> None:
+    """store.FileWriter(last=True): the commit checkpoints, writing no log of the rows (the close
+    would checkpoint them anyway); another file's rows are logged, as DuckDB does by default under
+    the threshold. The threshold is back afterwards, and the rows are the same either way."""
+    def wal_after(last: bool) -> tuple[int, list[Any]]:
+        db = tmp_path / f"{last}.duckdb"
+        con = store.connect(db)
+        with store.FileWriter(con, rank=0, last=last) as w:
+            w.add({"cpu_ops": pa.table({"name": ["aten::mm"] * 1000, "ts_ns": range(1000), "dur_ns": [1] * 1000})})
+            w.finish({"path": "t.json", "content_hash": "h", "kind": "kineto", "rank": 0, "n_events": 1000,
+                      "has_gpu": False, "partial": False})
+        wal = Path(f"{db}.wal")
+        logged = wal.stat().st_size if wal.exists() else 0
+        threshold = con.execute("SELECT current_setting('checkpoint_threshold')").fetchall()[0][0]
+        rows = con.execute("SELECT name, ts_ns, dur_ns FROM cpu_ops ORDER BY ts_ns").fetchall()
+        con.close()
+        assert threshold == store.CHECKPOINT_THRESHOLD.replace("MiB", ".0 MiB")
+        return logged, rows
+
+    (logged_last, rows_last), (logged, rows) = wal_after(True), wal_after(False)
+    assert logged_last == 0 < logged and rows_last == rows and len(rows) == 1000
+
 
 def test_a_failed_insert_tells_its_own_error(tmp_path: Path) -> None:
     """store.registered: inside a transaction a failed INSERT aborts it, and DuckDB then refuses the

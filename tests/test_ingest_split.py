@@ -1,13 +1,14 @@
-"""A big file's events parsed by this process and a forked child, from either end
-(diag/ingest/forked.py): the store ends up exactly as if one process had read the file, whether
-the segments' boundaries are between events, fall inside a string, or the child fails."""
+"""A big file's events parsed by this process and a forked child, each claiming segments in file
+order (diag/ingest/forked.py): the store ends up exactly as if one process had read the file,
+whether the segments' boundaries are between events, fall inside a string, or the child fails."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
+from contextlib import closing
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from helpers import kineto_traces
 
 from diag import store
 from diag.ingest import kineto, source
-from diag.ingest.forked import Claims, SecondHalf
+from diag.ingest.forked import Claims, Part, SecondHalf
 from diag.ingest.pipeline import IngestOptions, ingest
 
 TABLES = (*kineto.EVENT_TABLES, "collective_args")
@@ -121,147 +122,137 @@ def string_of_boundaries(tmp_path: Path) -> Path:
     return f
 
 
-@pytest.mark.usefixtures("split_everything")
-@pytest.mark.parametrize("mine", [0, 1, 16, 31, 32])
-def test_segments_ending_inside_a_string_are_read_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          mine: int) -> None:
-    """Of the 32 segments, this process claims the first `mine`, the child the rest (the child's
-    Claims.back is the real one). Segment boundaries fall inside the long name: where they end
-    this process's part, it stops the child and reads on; where they are the child's, the child
-    fails and this process reads its part. Either way every event once, as one process reads them."""
+def scripted_claims(monkeypatch: pytest.MonkeyPatch, mine: Callable[[int], bool]) -> None:
+    """Claims handing this process the segments `mine` says are its own, the child the others,
+    each in file order (each process walks its own copy of the script)."""
     made = Claims.__init__
 
     def scripted(self: Claims, n: int, where: str | None = None) -> None:
         made(self, n, where)
-        self.script = iter(range(min(mine, n))), iter(range(n - 1, min(mine, n) - 1, -1))   # type: ignore[attr-defined]
+        ours, theirs = [i for i in range(n) if mine(i)], [i for i in range(n) if not mine(i)]
+        self.script = os.getpid(), iter(ours), iter(theirs)   # type: ignore[attr-defined]
+
+    def claim(self: Claims) -> int | None:
+        parent, ours, theirs = self.script   # type: ignore[attr-defined]
+        return next(ours if os.getpid() == parent else theirs, None)
 
     monkeypatch.setattr(Claims, "__init__", scripted)
-    monkeypatch.setattr(Claims, "front", lambda self: next(self.script[0], None))
-    monkeypatch.setattr(Claims, "back", lambda self: next(self.script[1], None))
-    paths: list[str] = []
-    tables, cancel = SecondHalf.tables, SecondHalf.cancel
+    monkeypatch.setattr(Claims, "claim", claim)
 
-    def spied_tables(self: SecondHalf, info: kineto.KinetoFile, bad: Counter[str], fallback: Any) -> Any:
-        def read_here(i: kineto.KinetoFile, b: Counter[str]) -> Any:
-            paths.append("read here")
-            return fallback(i, b)
 
-        return tables(self, info, bad, read_here)
+@pytest.mark.usefixtures("split_everything")
+@pytest.mark.parametrize("pattern", ["first 0", "first 1", "first 16", "first 32", "even"])
+def test_segments_ending_inside_a_string_are_read_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          pattern: str) -> None:
+    """Of the 32 segments, this process claims those the pattern names, the child the others.
+    Segment boundaries fall inside the long name: the part ending there stops short of it, and
+    the next parts, whoever parsed them, are not taken (begun where no part ended): this process
+    reads on from where that part ended, in its turn. Every event once, as one process reads them."""
+    kind, _, n = pattern.partition(" ")
+    scripted_claims(monkeypatch, (lambda i: i % 2 == 0) if kind == "even" else (lambda i: i < int(n)))
+    calls: Counter[str] = Counter()
+    parse, read = kineto._part, kineto._range
 
-    def spied_cancel(self: SecondHalf) -> None:
-        if self.pid:   # a child still running, not the no-op on leaving the block
-            paths.append("stopped")
-        cancel(self)
+    def spied_part(*args: Any) -> Any:
+        calls["part"] += 1
+        return parse(*args)
 
-    monkeypatch.setattr(SecondHalf, "tables", spied_tables)
-    monkeypatch.setattr(SecondHalf, "cancel", spied_cancel)
+    def spied_range(*args: Any) -> Any:
+        calls["range"] += 1
+        return (yield from read(*args))
+
+    monkeypatch.setattr(kineto, "_part", spied_part)
+    monkeypatch.setattr(kineto, "_range", spied_range)
     f = string_of_boundaries(tmp_path)
     got = snapshot(f, split=True)
     assert got == snapshot(f, split=False)
     assert len(got["cpu_ops"]) == 40
-    # The long name spans segments ~11 to ~20: the child's (it fails), this process's last (it
-    # stops the child), or this process's only (the child's part is clean).
-    assert paths == {0: ["read here"], 1: ["read here"], 16: ["stopped"], 31: [], 32: []}[mine]
+    # In this process, each part parsed ahead reads once; the rest are reads in a segment's turn.
+    assert calls["range"] - calls["part"] >= 1
 
 
 def test_two_processes_claim_every_segment_once() -> None:
     claims, (r, w) = Claims(500), os.pipe()
     pid = os.fork()
-    if pid == 0:   # the child: its claims, from the back, as JSON on the pipe
+    if pid == 0:   # the child: its claims, as JSON on the pipe
         theirs = []
-        while (i := claims.back()) is not None:
+        while (i := claims.claim()) is not None:
             theirs.append(i)
         os.write(w, json.dumps(theirs).encode())
         os._exit(0)
     os.close(w)
     mine = []
-    while (i := claims.front()) is not None:
+    while (i := claims.claim()) is not None:
         mine.append(i)
     with os.fdopen(r) as f:
         theirs = json.loads(f.read())
     os.waitpid(pid, 0)
     claims.close()
-    # This process's from 0 up, the child's from 499 down, meeting in between: each segment once.
-    assert mine == list(range(len(mine))) and theirs == list(range(499, len(mine) - 1, -1))
+    # Each process's in file order; together, each segment once.
+    assert mine == sorted(mine) and theirs == sorted(theirs) and sorted(mine + theirs) == list(range(500))
 
 
-def test_a_failed_child_leaves_its_part_to_this_process() -> None:
-    def work(bad: Counter[str]) -> Iterator[tuple[int, kineto.KinetoFile, dict[str, pa.Table]]]:
-        raise RuntimeError("the child fails")
-        yield
-
-    def fallback(info: kineto.KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]]:
-        info.n_events += 3
-        yield {"t": pa.table({"x": [1, 2, 3]})}
-
-    info = kineto.KinetoFile.blank()
-    with SecondHalf(work) as half:
-        tables = list(half.tables(info, Counter(), fallback))
-    assert [t["t"].column("x").to_pylist() for t in tables] == [[1, 2, 3]] and info.n_events == 3
-    assert half.files.tables.closed and half.files.counts.closed   # unlinked files: nothing left on disk
+def _part(*xs: int, bad: int = 0) -> Part:
+    counts = kineto.KinetoFile.blank()
+    counts.n_events = len(xs)
+    counts.kernel_devices = [xs[0]]
+    chunks = [{"a": pa.table({"x": [x]}), "b": pa.table({"y": [str(x)]}), "empty": pa.table({"z": pa.array([], pa.int8())})}
+              for x in xs]
+    return Part(100 + xs[-1], counts.counts(), Counter({"typed": bad}), chunks)
 
 
-def test_the_childs_tables_and_counts_come_back_in_file_order_a_table_at_a_time() -> None:
-    """The child parses segments 2, 1, 0 (from the back), segment 1 in two chunks: its tables come
-    back in file order, each table whole, and its segments' counts are added in file order (the
-    first GPU device is the first segment's that has one)."""
-    def work(bad: Counter[str]) -> Iterator[tuple[int, kineto.KinetoFile, dict[str, pa.Table]]]:
-        for segment, chunks in ((2, [[5]]), (1, [[3], [4]]), (0, [[1, 2]])):
-            counts = kineto.KinetoFile.blank()
-            counts.kernel_devices = [segment]
-            for x in chunks:
-                counts.n_events += len(x)
-                bad["typed"] += 1
-                yield segment, counts, {"a": pa.table({"x": x}), "b": pa.table({"y": [str(v) for v in x]}),
-                                        "empty": pa.table({"z": pa.array([], pa.int8())})}
-
-    info, bad = kineto.KinetoFile.blank(), Counter[str]()
-    with SecondHalf(work) as half:
-        tables = list(half.tables(info, bad, lambda i, b: iter(())))
-    # Each table once, whole (so that the store inserts it in one statement), its rows in order.
-    assert [list(t) for t in tables] == [["a"], ["b"]]
-    assert tables[0]["a"].column("x").to_pylist() == [1, 2, 3, 4, 5]
-    assert tables[1]["b"].column("y").to_pylist() == ["1", "2", "3", "4", "5"]
-    assert info.n_events == 5 and bad == {"typed": 4} and info.kernel_devices == [0]
+def test_the_childs_parts_come_back_whole_with_their_counts() -> None:
+    """The child parses segment 0 in two chunks, cannot parse segment 1, parses segment 2: each
+    part comes back with each table whole (so that the store inserts it in one statement), its
+    rows in the order written, where its parse ended and its counts; the unparsable one as None."""
+    parts = {0: _part(1, 2, bad=2), 2: _part(5)}
+    with closing(Claims(3)) as claims, SecondHalf(claims, parts.get) as half:
+        got = [half.part(i) for i in range(3)]
+    assert got[1] is None and got[0] is not None and got[2] is not None
+    assert [list(t) for t in got[0].tables] == [["a", "b"]]
+    assert got[0].tables[0]["a"].column("x").to_pylist() == [1, 2]
+    assert got[0].tables[0]["b"].column("y").to_pylist() == ["1", "2"]
+    assert (got[0].end, got[0].counts, got[0].bad) == (102, parts[0].counts, Counter({"typed": 2}))
+    assert got[2].tables[0]["a"].column("x").to_pylist() == [5] and got[2].counts["kernel_devices"] == [5]
+    assert half.files.tables.closed   # an unlinked file: nothing left on disk
 
 
-def test_this_process_writes_its_rows_while_the_child_still_parses(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Done with its part before the child, this process writes what it holds rather than wait
-    idle: the sink is flushed after the last of its tables and before the first of the child's,
-    and only while the child runs (one INSERT a table otherwise, not two). The file reads alike."""
-    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+def test_a_failed_child_leaves_its_parts_to_this_process() -> None:
+    """The child fails (killed, or an error that is not the file's): every part it has not said
+    done is None, without waiting, and this process parses it."""
+    def work(i: int) -> Part | None:
+        if i == 1:
+            raise RuntimeError("the child fails")
+        return _part(i + 1)
+
+    with closing(Claims(3)) as claims, SecondHalf(claims, work) as half:
+        got = [half.part(i) for i in range(3)]
+        assert half.part(7) is None   # said nothing of it, and ended: not waited for
+    assert got[0] is not None and got[1] is None and got[2] is None
+
+
+@pytest.mark.usefixtures("split_everything")
+@pytest.mark.parametrize("theirs", [True, False])
+def test_this_process_writes_its_rows_while_it_waits_for_the_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   theirs: bool) -> None:
+    """Waiting for the child's part, this process writes what it holds rather than wait idle; with
+    every segment its own, it never waits (one INSERT a table, not one a segment). The file
+    reads alike."""
+    scripted_claims(monkeypatch, lambda i: not theirs)
+    monkeypatch.setattr(SecondHalf, "ready", lambda self, i: False)   # never done before it is asked for
     events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
                "args": {"External id": i}} for i in range(400)]
     f = tmp_path / "rank-0.json"
     f.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
-    data = f.read_bytes()
-    for child_running in (True, False):
-        calls: list[str] = []
-        monkeypatch.setattr(SecondHalf, "running", lambda self, r=child_running: r)
-        info, chunks = kineto.read_kineto(str(f), data, chunk_bytes=2000, split=True,
-                                          while_waiting=partial(calls.append, "flush"))
-        ops: list[str] = []
-        for t in chunks:
-            calls.append("tables")
-            ops += t["cpu_ops"].column("name").to_pylist() if "cpu_ops" in t else []
-        assert ops == [e["name"] for e in events]
-        mine = calls.index("flush") if child_running else None
-        assert calls.count("flush") == (1 if child_running else 0)
-        # This process's chunks, the flush, then the child's, a table at a time.
-        assert mine is None or set(calls[mine + 1:]) <= {"tables"}
-
-
-def test_a_child_found_ended_is_reaped_once_and_its_tables_still_come_back() -> None:
-    def work(bad: Counter[str]) -> Iterator[tuple[int, kineto.KinetoFile, dict[str, pa.Table]]]:
-        counts = kineto.KinetoFile.blank()
-        counts.n_events += 1
-        yield 0, counts, {"t": pa.table({"x": [7]})}
-
-    info = kineto.KinetoFile.blank()
-    with SecondHalf(work) as half:
-        while half.running():   # reaps the child when it has ended
-            pass
-        assert not half.running() and half.pid == 0
-        tables = list(half.tables(info, Counter(), lambda i, b: iter(())))   # no second wait for the reaped child
-    assert [t["t"].column("x").to_pylist() for t in tables] == [[7]] and info.n_events == 1
+    calls: list[str] = []
+    info, chunks = kineto.read_kineto(str(f), f.read_bytes(), chunk_bytes=2000, split=True,
+                                      while_waiting=partial(calls.append, "flush"))
+    ops: list[str] = []
+    for t in chunks:
+        calls.append("tables")
+        ops += t["cpu_ops"].column("name").to_pylist() if "cpu_ops" in t else []
+    assert ops == [e["name"] for e in events] and info.n_events == 400
+    # Each of the child's parts (a table each) is waited for, the rows held written first.
+    segments = calls.count("tables") if theirs else 0
+    assert calls.count("flush") == segments and (not theirs or calls == ["flush", "tables"] * segments)
+    assert segments == 0 or segments > kineto.SEGMENTS // 2

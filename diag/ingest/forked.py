@@ -1,21 +1,25 @@
 """A big trace's events parsed by two processes at once: this one and a forked child.
 
-The events are cut into segments at event boundaries (kineto._segments). This process claims
-them one at a time from the front, the child from the back, until the two meet (Claims): however
-the cost of a byte varies along the file (Kineto writes the host's events, then the GPU's, then
-the flows), both are busy to the end, give or take a segment. A fixed split at 42% of the control
-trace's bytes left this process waiting ~0.13 s for a child whose part parsed slower.
+The events are cut into segments at event boundaries (kineto._segments). Both processes claim
+them one at a time, in file order, from one counter (Claims), and this process takes the parts in
+file order as they are done: its own, and the child's as soon as the child says one is done
+(Part). So the rows reach the store while the child still parses, on the two cores, and this
+process, which alone writes the store, claims fewer segments than the child: at the end it has a
+segment or two to write, not the child's whole half. Claimed from the two ends of the file, the
+child's half could only be written once all of it was parsed, on one core: 1.25 s of INSERTs of
+the 307 MB trace's ~5 s, then the commit.
 
 The child inherits the file's bytes (copy-on-write, or the same pages of the memory map), parses
-its segments and writes each chunk's tables as Arrow IPC streams, one after another, into a
-temporary file (HalfFiles); this process, done with its own segments, maps them back a table at
-a time, in file order (memory holds the mapped pages of one table's part rather than a half's
-Python objects). The child touches no database and leaves only through os._exit, so nothing of
-the parent's (DuckDB's connection, its threads) runs twice. Its files are unlinked from the start
-and held by both processes, so nothing is left behind however either ends.
+the segments it claims and writes each one's tables as Arrow IPC streams, one after another, into
+a temporary file (HalfFiles); then it says on a pipe which segment is done, where its parse ended,
+what it counted and where its tables are. This process maps each table back (no copy). The child
+touches no database and leaves only through os._exit, so nothing of the parent's (DuckDB's
+connection, its threads) runs twice. Its file is unlinked from the start and held by both
+processes, so nothing is left behind however either ends.
 
-If the child fails in any way, this process parses the child's segments itself: the same events,
-the same errors, as if it had never been split.
+A segment the child could not parse (a boundary inside a string, a bad event), or did not get to
+(it failed, or was killed), is parsed by this process in its turn: the same events, the same
+errors, as if the file had never been split (kineto._two_ends).
 """
 
 from __future__ import annotations
@@ -24,26 +28,33 @@ import fcntl
 import json
 import mmap
 import os
+import select
 import signal
 import struct
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from diag.lifetime import die_with_parent, scratch_dir
 
-if TYPE_CHECKING:
-    from diag.ingest.kineto import KinetoFile
 
-# This process's fallback: the child's events parsed here, into `info` and `bad`.
-Parse = Callable[["KinetoFile", Counter[str]], Iterator[dict[str, pa.Table]]]
-# The child's work: each chunk's tables with its segment's number and that segment's own counts
-# (one KinetoFile per segment, so that this process adds them up in file order).
-Work = Callable[[Counter[str]], Iterator[tuple[int, "KinetoFile", dict[str, pa.Table]]]]
+class Part(NamedTuple):
+    """One segment parsed: where its parse ended (its end, or short of it where the end is not
+    between two events), its counts (kineto.KinetoFile.counts), its values' counts and its tables,
+    chunk by chunk."""
+
+    end: int
+    counts: dict[str, Any]
+    bad: Counter[str]
+    tables: list[dict[str, pa.Table]]
+
+
+# The child's work: segment i parsed, or None where it cannot be (this process then parses it).
+Work = Callable[[int], Part | None]
 
 
 def can_split(jobs: int | None) -> bool:
@@ -53,120 +64,118 @@ def can_split(jobs: int | None) -> bool:
 
 
 class Claims:
-    """Segments 0..n-1, claimed one at a time by two processes: this one from the front, the
-    child from the back, until none is left. The two ends are in memory both processes share;
-    each claim holds a POSIX record lock (fcntl.lockf, held per process: the two exclude each
-    other), which the kernel drops if its holder dies."""
+    """Segments 0..n-1, claimed one at a time, in order, by two processes. The next one is in
+    memory both share; each claim holds a POSIX record lock (fcntl.lockf, held per process: the two
+    exclude each other), which the kernel drops if its holder dies."""
 
     def __init__(self, n: int, where: str | None = None) -> None:
-        self.ends = mmap.mmap(-1, 16, flags=mmap.MAP_SHARED)
-        struct.pack_into("qq", self.ends, 0, 0, n)
+        self.n = n
+        self.next_one = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED)
         self.lock = tempfile.TemporaryFile(dir=where or scratch_dir())  # noqa: SIM115 - closed by close()
 
-    def front(self) -> int | None:
-        return self._claim(0)
-
-    def back(self) -> int | None:
-        return self._claim(1)
-
-    def _claim(self, end: int) -> int | None:
+    def claim(self) -> int | None:
         fcntl.lockf(self.lock, fcntl.LOCK_EX)
         try:
-            lo, hi = struct.unpack_from("qq", self.ends)
-            if lo >= hi:
+            (i,) = struct.unpack_from("q", self.next_one)
+            if i >= self.n:
                 return None
-            struct.pack_into("q", self.ends, 8 * end, hi - 1 if end else lo + 1)
-            return hi - 1 if end else lo
+            struct.pack_into("q", self.next_one, 0, i + 1)
+            return int(i)
         finally:
             fcntl.lockf(self.lock, fcntl.LOCK_UN)
 
-    def front_end(self) -> int:
-        """The first segment not claimed from the front (yet)."""
-        return int(struct.unpack_from("q", self.ends)[0])
-
     def close(self) -> None:
-        self.ends.close()
+        self.next_one.close()
         self.lock.close()
 
 
-class HalfFiles(NamedTuple):
-    """What the child writes: its tables, each chunk's as Arrow IPC streams from page boundaries
-    (so that each maps alone), and a JSON of where they are and what the parse counted."""
+class HalfFiles:
+    """What the child writes: its tables, each as an Arrow IPC stream from a page boundary (so
+    that each maps alone), and a pipe on which it says each segment done (a line of JSON)."""
 
-    tables: IO[bytes]
-    counts: IO[bytes]
-
-    @classmethod
-    def open(cls, where: str | None = None) -> HalfFiles:
+    def __init__(self, where: str | None = None) -> None:
         """In `where`, else the run's directory (lifetime.scratch_dir), else the system's."""
-        where = where or scratch_dir()
-        tables = tempfile.TemporaryFile(dir=where)  # noqa: SIM115 - closed by close(), or below
+        self.tables = tempfile.TemporaryFile(dir=where or scratch_dir())  # noqa: SIM115 - closed by close()
         try:
-            return cls(tables, tempfile.TemporaryFile(dir=where))
+            self.said, self.say = os.pipe()   # the reading end (this process's), the writing end (the child's)
         except OSError:
-            tables.close()
+            self.tables.close()
             raise
+
+    def keep_end(self, reading: bool) -> None:
+        """After the fork, each process closes the end of the pipe that is not its own: the
+        child's end closed, a read finds the pipe ended."""
+        self.close_fd("say" if reading else "said")
+
+    def close_fd(self, end: str) -> None:
+        fd = getattr(self, end)
+        if fd >= 0:
+            setattr(self, end, -1)
+            os.close(fd)
 
     def close(self) -> None:
         self.tables.close()
-        self.counts.close()
+        self.close_fd("said")
+        self.close_fd("say")
 
-    def write(self, work: Work) -> None:
-        """In the child: do the work, writing the tables as they come, then the counts (last, so
-        that they are there only if every table is)."""
-        bad = Counter[str]()
-        segments: dict[int, KinetoFile] = {}
-        out, pieces = pa.PythonFile(self.tables, mode="w"), []
-        for segment, info, tables in work(bad):
-            segments[segment] = info
-            for name, t in tables.items():
-                if t.num_rows:
-                    self.tables.write(bytes(-self.tables.tell() % mmap.ALLOCATIONGRANULARITY))
-                    begin = self.tables.tell()
-                    with pa.ipc.new_stream(out, t.schema) as w:
-                        w.write_table(t)
-                    pieces.append((segment, name, begin, self.tables.tell() - begin))
-        self.tables.flush()
-        counts = {"segments": [[s, info.counts()] for s, info in segments.items()], "bad": bad, "pieces": pieces}
-        self.counts.write(json.dumps(counts).encode())
-        self.counts.flush()
+    def write(self, claims: Claims, work: Work) -> None:
+        """In the child: claim segments and parse them until none is left, writing each one's
+        tables, then saying it done (its line says where the tables are, so it comes after them);
+        a segment that cannot be parsed is said as such."""
+        out = pa.PythonFile(self.tables, mode="w")
+        while (i := claims.claim()) is not None:
+            part = work(i)
+            if part is None:
+                self._say({"segment": i})
+                continue
+            pieces = []
+            for tables in part.tables:
+                for name, t in tables.items():
+                    if t.num_rows:
+                        self.tables.write(bytes(-self.tables.tell() % mmap.ALLOCATIONGRANULARITY))
+                        begin = self.tables.tell()
+                        with pa.ipc.new_stream(out, t.schema) as w:
+                            w.write_table(t)
+                        pieces.append((name, begin, self.tables.tell() - begin))
+            self.tables.flush()
+            self._say({"segment": i, "end": part.end, "counts": part.counts, "bad": part.bad, "pieces": pieces})
 
-    def read(self, info: KinetoFile, bad: Counter[str]) -> Iterator[dict[str, pa.Table]] | None:
-        """The child's tables in file order, a table at a time (its segments' counts added to
-        `info` in file order, and to `bad`); None if the child did not finish writing them."""
-        said = os.pread(self.counts.fileno(), os.fstat(self.counts.fileno()).st_size, 0)
-        if not said:
+    def _say(self, what: dict[str, Any]) -> None:
+        line = json.dumps(what).encode() + b"\n"
+        while line:
+            line = line[os.write(self.say, line):]
+
+    def part(self, said: dict[str, Any]) -> Part | None:
+        """A segment the child said done: its tables mapped back (each table of the segment
+        whole, its pieces in the order written), or None if it could not parse it."""
+        if "end" not in said:
             return None
-        out = json.loads(said)
-        for _, counts in sorted(out["segments"], key=lambda s: s[0]):
-            info.add_counts(counts)
-        bad.update(out["bad"])
-        places: dict[str, list[tuple[int, int]]] = {}
-        # In file order: by segment, and within one in the order written (a stable sort).
-        for _, name, begin, size in sorted(out["pieces"], key=lambda p: p[0]):
-            places.setdefault(name, []).append((begin, size))
         fd = self.tables.fileno()
 
         def piece(begin: int, size: int) -> pa.Table:
             return pa.ipc.open_stream(pa.py_buffer(mmap.mmap(fd, size, offset=begin, access=mmap.ACCESS_READ))).read_all()
 
-        # A table's whole part at once, mapped rather than read (no copy): the store then inserts
-        # it in one statement, not a batch at a time. Inserting the second half of the 307 MB
-        # trace one 16 MB flush at a time took 0.45 s of INSERTs, at once 0.30 s.
-        return ({name: pa.concat_tables(piece(*p) for p in parts)} for name, parts in places.items())
+        places: dict[str, list[tuple[int, int]]] = {}
+        for name, begin, size in said["pieces"]:
+            places.setdefault(name, []).append((begin, size))
+        tables = {name: pa.concat_tables(piece(*p) for p in parts) for name, parts in places.items()}
+        return Part(said["end"], said["counts"], Counter(said["bad"]), [tables] if tables else [])
 
 
 class SecondHalf:
-    """`work` run in a forked child from construction; `tables` yields its output. `where`: the
-    directory of its files (HalfFiles.open)."""
+    """A forked child claiming segments and doing `work` on them from construction; `part(i)`
+    gives what it made of segment i. `where`: the directory of its file (HalfFiles)."""
 
-    def __init__(self, work: Work, where: str | None = None) -> None:
+    def __init__(self, claims: Claims, work: Work, where: str | None = None) -> None:
         # Imported here so the child inherits it: pyarrow imports numpy.ma lazily at its first
         # conversion of a NumPy array, which both processes make at once after the fork (10 ms each).
         import numpy.ma  # noqa: F401
 
-        self.files = HalfFiles.open(where)
+        self.files = HalfFiles(where)
         self.status = -1   # the child's wait status, once reaped
+        self.done: dict[int, dict[str, Any]] = {}   # what the child said of each segment, not yet taken
+        self.heard = b""   # the pipe's last line, until it is whole
+        self.ended = False   # the child's end of the pipe is closed: it will say no more
         parent = os.getpid()
         try:
             self.pid = os.fork()
@@ -177,41 +186,51 @@ class SecondHalf:
             code = 1
             try:
                 die_with_parent(parent)
-                self.files.write(work)
+                self.files.keep_end(reading=False)
+                self.files.write(claims, work)
                 code = 0
             finally:
                 os._exit(code)
+        self.files.keep_end(reading=True)
 
-    def running(self) -> bool:
-        """Whether the child is still parsing (if it has ended, it is reaped here and its status kept)."""
-        if self.pid:
-            pid, self.status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == 0:
-                return True
-            self.pid = 0
-        return False
+    def ready(self, i: int) -> bool:
+        """Whether the child has said segment i done (what it has said so far is read, without waiting)."""
+        if i not in self.done and not self.ended:
+            self._hear(wait=False)
+        return i in self.done
 
-    def tables(self, info: KinetoFile, bad: Counter[str], fallback: Parse) -> Iterator[dict[str, pa.Table]]:
-        """The child's tables (adding its counts to `info` and `bad`), once it is done; if it
-        failed, `fallback`'s."""
-        if self.pid:
-            _, self.status = os.waitpid(self.pid, 0)
-            self.pid = 0
-        written = self.files.read(info, bad) if self.status == 0 else None
-        yield from fallback(info, bad) if written is None else written
+    def part(self, i: int) -> Part | None:
+        """Segment i as the child parsed it, once it is done; None if the child could not parse
+        it or ended without saying it done (this process then parses it)."""
+        while i not in self.done and not self.ended:
+            self._hear(wait=True)
+        said = self.done.pop(i, None)
+        return None if said is None else self.files.part(said)
+
+    def _hear(self, wait: bool) -> None:
+        if not wait and not select.select([self.files.said], [], [], 0)[0]:
+            return
+        got = os.read(self.files.said, 1 << 16)
+        if not got:
+            self.ended = True
+            return
+        *lines, self.heard = (self.heard + got).split(b"\n")
+        for line in lines:
+            said = json.loads(line)
+            self.done[said["segment"]] = said
 
     def __enter__(self) -> SecondHalf:
         return self
 
     def cancel(self) -> None:
-        """End the child: its tables will not be wanted."""
+        """End the child: nothing more of it will be wanted."""
         if self.pid:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
             self.pid = 0
 
     def close(self) -> None:
-        self.cancel()   # left before the child's tables were wanted: it has nothing more to do
+        self.cancel()
         self.files.close()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

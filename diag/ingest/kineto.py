@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from diag.errors import BadInput
 
 if TYPE_CHECKING:
-    from diag.ingest.forked import Claims, SecondHalf
+    from diag.ingest.forked import Claims, Part, SecondHalf
     from diag.ingest.merged import RankMap
 
 Number = int | float
@@ -160,8 +160,8 @@ DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 # process tree (282 MB; the child shares the parent's pages). Smaller ones are read whole: the fork
 # and reading the child's tables back cost the same whatever the part's size.
 SPLIT_BYTES = 16 * 1024 * 1024
-# ... in this many segments, which the two processes claim one at a time, each from its end of
-# the file: the last to finish waits at most about a segment's parse for the other.
+# ... in this many segments, which the two processes claim one at a time, in file order: the last
+# to finish waits at most about a segment's parse for the other.
 SEGMENTS = 32
 
 _KERNEL_CATS = frozenset({"kernel", "Kernel"})
@@ -226,7 +226,7 @@ class KinetoFile(msgspec.Struct):
 
 
 class _Split(NamedTuple):
-    """The events mv[pos:end] in segments, and the forked child claiming them from the back."""
+    """The events mv[pos:end] in segments, and the forked child claiming them with this process."""
 
     pos: int
     end: int
@@ -263,7 +263,7 @@ class Begun(NamedTuple):
 
 def begin(path: str, data: Any, salvage: bool, release: Any, split: bool, where: str | None = None) -> Begun:
     """read_kineto's first steps for `data`, taken before it is called: the head decoded and, with
-    `split` and events enough, the child forked, which parses from the back meanwhile. Raises
+    `split` and events enough, the child forked, which claims segments meanwhile. Raises
     BadInput as read_kineto would; close the result (a `with` block) once read_kineto is done.
 
     The child is forked before the head is checked, at where the events seem to be (_seeming_span:
@@ -379,38 +379,83 @@ def _two_ends(
     path: str, info: KinetoFile, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
     bad: Counter[str], while_waiting: Callable[[], None] | None, begun: _Split | None,
 ) -> Iterator[dict[str, pa.Table]]:
-    """The events in mv[pos:end] in SEGMENTS segments, parsed by this process from the front and
-    by a forked child from the back (diag/ingest/forked.py; `begun`: the child forked already),
-    the tables in file order."""
+    """The events in mv[pos:end] in SEGMENTS segments, claimed in file order by this process and a
+    forked child (diag/ingest/forked.py; `begun`: the child forked already), the tables in file
+    order. A part is taken only where the part before it ended at its segment's end: a boundary
+    inside a string makes the part before end short of it (or read on to the end), and the next
+    one is then read here from where that one ended, as one process reads the file."""
     forked = begun or _fork_back(path, mv, pos, end, chunk_bytes, release)
     if forked is None:   # no second process to be had (memory, a process limit): one reads it all
         yield from _range(path, info, mv, pos, end, chunk_bytes, release, bad)
         return
     segments, claims, half = forked.segments, forked.claims, forked.half
     with closing(forked):
-        at, mine, theirs = pos, None, 0   # where this process has read to; its last segment's end; the child's first
-        while (i := claims.front()) is not None:
-            # A segment whose end falls inside a string stops short of it (_range): the next one
-            # claimed is read from there, not from its own start.
-            start, stop = segments[i]
-            at = yield from _range(path, info, mv, start if at == mine else at, end, chunk_bytes, release, bad, stop)
-            mine, theirs = stop, i + 1
-        if mine is not None and at != mine:
-            # The last boundary of this process's segments is not between two events: the child's
-            # first segment began mid-event. Stop it, and read the rest here.
-            half.cancel()
-            yield from _range(path, info, mv, at, end, chunk_bytes, release, bad)
-            return
-        rest = segments[theirs][0] if theirs < len(segments) else end
-        if while_waiting is not None and half.running():
+        mine: dict[int, Part | None] = {}   # this process's parts, parsed ahead of their turn
+        at = pos
+        for j, (start, stop) in enumerate(segments):
+            clean = at == (segments[j - 1][1] if j else pos)
+            if not clean:
+                mine.pop(j, None)   # begun where the part before did not end: read again below
+            if not clean and at >= stop:
+                continue   # read through by the part before
+            part = _turn(path, mv, segments, chunk_bytes, j, mine, claims, half, while_waiting) if clean else None
+            if part is None:
+                at = yield from _range(path, info, mv, start if clean else at, end, chunk_bytes, release, bad, stop)
+                continue
+            info.add_counts(part.counts)
+            bad.update(part.bad)
+            yield from part.tables
+            if release is not None:
+                release(start, part.end)
+            at = part.end
+
+
+# This process's parts parsed ahead of their turn, at most: each waits in memory for the child's
+# part before it (a few MB of tables a segment of the 307 MB trace).
+AHEAD = 2
+
+
+def _turn(
+    path: str, mv: memoryview, segments: list[tuple[int, int]], chunk_bytes: int, j: int,
+    mine: dict[int, Part | None], claims: Claims, half: SecondHalf, while_waiting: Callable[[], None] | None,
+) -> Part | None:
+    """Segment j's part, once there is one: this process's, or the child's. Until the child's is
+    done, this process claims and parses segments itself; with none left to claim (or AHEAD of them
+    parsed), it writes what it holds (`while_waiting`) and waits. None: j is for this process to read."""
+    while j not in mine and not half.ready(j):
+        i = claims.claim() if len(mine) < AHEAD else None
+        if i is not None:
+            mine[i] = _part(path, mv, segments[i], chunk_bytes, None)
+            continue
+        if while_waiting is not None:
             while_waiting()
-        yield from half.tables(info, bad, lambda i, b: _range(path, i, mv, rest, end, chunk_bytes, release, b))
+        return half.part(j)
+    return mine.pop(j) if j in mine else half.part(j)
+
+
+def _part(path: str, mv: memoryview, segment: tuple[int, int], chunk_bytes: int, release: Any) -> Part | None:
+    """A segment parsed on its own, before its turn: None where it cannot be (a bad event, or it
+    begins inside a string), which its turn then finds out with the file's own counts. It ends at
+    the segment's end, or short of it where that end is not between two events (its turn then
+    reads on from there): never past it, so that a part's tables are a segment's at most."""
+    from diag.ingest.forked import Part
+
+    counts, bad, tables = KinetoFile.blank(), Counter[str](), []
+    start, stop = segment
+    chunks = _range(path, counts, mv, start, stop, chunk_bytes, release, bad, stop)
+    try:
+        while True:
+            tables.append(next(chunks))
+    except StopIteration as ended:
+        return Part(ended.value, counts.counts(), bad, tables)
+    except BadInput:
+        return None
 
 
 def _fork_back(path: str, mv: memoryview, pos: int, end: int, chunk_bytes: int, release: Any,
                where: str | None = None) -> _Split | None:
-    """The events mv[pos:end] in SEGMENTS segments, and a forked child claiming them from the
-    back; None if no process can be forked, or its files made (`where` not a directory, a full
+    """The events mv[pos:end] in SEGMENTS segments, and a forked child claiming them with this
+    process; None if no process can be forked, or its files made (`where` not a directory, a full
     disk): one process then reads them all."""
     from diag.ingest.forked import Claims, SecondHalf
 
@@ -420,7 +465,7 @@ def _fork_back(path: str, mv: memoryview, pos: int, end: int, chunk_bytes: int, 
     except OSError:
         return None
     try:
-        half = SecondHalf(partial(_from_the_back, path, mv, segments, claims, chunk_bytes, release), where)
+        half = SecondHalf(claims, partial(_in_the_child, path, mv, segments, chunk_bytes, release), where)
     except OSError:
         claims.close()
         return None
@@ -438,29 +483,14 @@ def _segments(mv: memoryview, pos: int, end: int, size: int) -> list[tuple[int, 
     return out
 
 
-def _from_the_back(
-    path: str, mv: memoryview, segments: list[tuple[int, int]], claims: Claims, chunk_bytes: int, release: Any,
-    bad: Counter[str],
-) -> Iterator[tuple[int, KinetoFile, dict[str, pa.Table]]]:
-    """The forked child's work: segments claimed from the back, each with its own counts. Pages
-    of the segments this process has claimed are handed back first (the child's copy of them,
-    never read there): the child of a 307 MB file peaked at 481 MB RSS with them, 344 without. A
-    segment that does not end where it should (at a boundary inside a string) fails the child:
-    this process then reads the child's part itself."""
-    while (i := claims.back()) is not None:
-        if release is not None:
-            release(segments[0][0], segments[claims.front_end()][0])
-        start, stop = segments[i]
-        counts = KinetoFile.blank()
-        chunks = _range(path, counts, mv, start, segments[-1][1], chunk_bytes, release, bad, stop)
-        while True:
-            try:
-                tables = next(chunks)
-            except StopIteration as ended:
-                if ended.value != stop:   # the child fails: this process reads its part, and says what is wrong
-                    raise BadInput(path, f"events from byte {start}: a segment's end is not between two events") from None
-                break
-            yield i, counts, tables
+def _in_the_child(path: str, mv: memoryview, segments: list[tuple[int, int]], chunk_bytes: int, release: Any,
+                  i: int) -> Part | None:
+    """The forked child's work on segment i. The pages before it are handed back first (the
+    child's copy of them, never read there again): the child of a 307 MB file peaked at 481 MB
+    RSS with those this process parses, 344 without."""
+    if release is not None:
+        release(segments[0][0], segments[i][0])
+    return _part(path, mv, segments[i], chunk_bytes, release)
 
 
 def _range(

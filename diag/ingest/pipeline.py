@@ -457,7 +457,7 @@ def _in_process(
             held, held_bytes = [], 0
             prior = before.get(printable(path))
             try:
-                with store.FileWriter(con) as w:
+                with store.FileWriter(con, last=path == files[-1]) as w:
                     out = parse_into(path, known, opts, path in explicit, w, split, prior)
                     result = out if isinstance(out, Skipped) else _commit(con, out, seen, w)
                 if isinstance(out, Skipped):

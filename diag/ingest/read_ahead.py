@@ -17,7 +17,7 @@ foreseen, a file changed since) and `take` returns None: the file is then read a
 
 Once the parse's own modules are imported, `begin` takes the read and takes the parse's first
 steps too, before the command imports DuckDB and the analysis (~0.1 s): the head decoded and, for
-a file parsed on both cores, the forked child already claiming segments from the back
+a file parsed on both cores, the forked child already claiming segments
 (diag/ingest/forked.py). `diag analyze` of the control trace, whole processes, 21 interleaved
 runs: 1.36 → 1.27 s.
 """
@@ -184,7 +184,7 @@ def begin(path: str, max_bytes: int, salvage: bool, jobs: int | None, where: str
     """For a file read ahead, once the parse's modules may be imported: the read taken and the
     parse's first steps (kineto.begin: the head decoded and, if it may be split, a big file's child
     forked), while this process imports the rest of the command's modules (DuckDB, the analysis).
-    The child then parses from the back ~0.1 s sooner, with the same rows and messages:
+    The child then parses ~0.1 s sooner, with the same rows and messages:
     `diag/ingest/pipeline.py` takes them as it would have taken them itself, or closes them."""
     if os.path.realpath(path) not in _pending:
         return
