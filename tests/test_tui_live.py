@@ -52,6 +52,7 @@ def test_live_follows_a_run(tmp_path: Path) -> None:
     first = sorted(plain.glob("*.pt.trace.json"))[0]
     second = sorted(packed.glob("*.pt.trace.json.gz"))[1]
     source = Live(str(watched), None, AnalyzeOptions(), IngestOptions(), idle_s=1.5)
+    assert not source.ingest_opts.checkpoint_last   # each poll ingests: DuckDB checkpoints when it will
     app = DiagApp(source, poll_s=0.1)
     app.animation_level = "none"
     asyncio.run(_follow(app, source, first, second, watched))

@@ -127,7 +127,8 @@ class Live:
         self.directory = directory
         self.opts = opts
         # Salvage only what stopped changing: a file still being written is not damaged, just unfinished.
-        self.ingest_opts = msgspec.structs.replace(ingest_opts, salvage=False)
+        # Each poll ingests: its last file's rows wait for DuckDB's own checkpoint (IngestOptions).
+        self.ingest_opts = msgspec.structs.replace(ingest_opts, salvage=False, checkpoint_last=False)
         self.salvage = ingest_opts.salvage
         self.clock = clock
         self.settle_s = settle_s

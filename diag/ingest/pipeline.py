@@ -79,6 +79,10 @@ class IngestOptions(msgspec.Struct, frozen=True):
     # Where workers write their Parquet spills (default: the system's temporary directory). With
     # Ray on several machines it must be storage every node and the parent see at the same path.
     spill_dir: str | None = None
+    # The last file is checkpointed as it commits (store.FileWriter): for a run after which the store
+    # closes, or is only read. Not where more is ingested soon after (diag live: every poll would
+    # checkpoint, each costing more as the store grows; docs/scale.md).
+    checkpoint_last: bool = True
 
 
 class Skipped(msgspec.Struct, frozen=True):
@@ -457,7 +461,7 @@ def _in_process(
             held, held_bytes = [], 0
             prior = before.get(printable(path))
             try:
-                with store.FileWriter(con, last=path == files[-1]) as w:
+                with store.FileWriter(con, last=opts.checkpoint_last and path == files[-1]) as w:
                     out = parse_into(path, known, opts, path in explicit, w, split, prior)
                     result = out if isinstance(out, Skipped) else _commit(con, out, seen, w)
                 if isinstance(out, Skipped):
