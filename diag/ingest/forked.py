@@ -172,7 +172,6 @@ class SecondHalf:
         import numpy.ma  # noqa: F401
 
         self.files = HalfFiles(where)
-        self.status = -1   # the child's wait status, once reaped
         self.done: dict[int, dict[str, Any]] = {}   # what the child said of each segment, not yet taken
         self.heard = b""   # the pipe's last line, until it is whole
         self.ended = False   # the child's end of the pipe is closed: it will say no more

@@ -396,8 +396,8 @@ def _two_ends(
             clean = at == (segments[j - 1][1] if j else pos)
             if not clean:
                 mine.pop(j, None)   # begun where the part before did not end: read again below
-            if not clean and at >= stop:
-                continue   # read through by the part before
+                if at >= stop:
+                    continue   # read through by the part before
             part = _turn(path, mv, segments, chunk_bytes, j, mine, claims, half, while_waiting) if clean else None
             if part is None:
                 at = yield from _range(path, info, mv, start if clean else at, end, chunk_bytes, release, bad, stop)
