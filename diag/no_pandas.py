@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from importlib.abc import MetaPathFinder
-from importlib.machinery import ModuleSpec
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 
-class _Absent(MetaPathFinder):
+# A finder as sys.meta_path takes one: an object with find_spec. Not a subclass of
+# importlib.abc.MetaPathFinder, whose import (importlib.resources, tempfile) cost every command
+# ~8 ms at its start (python -X importtime).
+class _Absent:
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname.partition(".")[0] == "pandas":
             raise ModuleNotFoundError(f"No module named {fullname!r} (diag runs without pandas: diag/no_pandas.py)",

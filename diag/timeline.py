@@ -11,9 +11,9 @@ import json
 import math
 import re
 from collections.abc import Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import msgspec
@@ -172,33 +172,55 @@ def read_batches(con: duckdb.DuckDBPyConnection, files: Sequence[int],
 
 
 def load_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> Generator[RankTimeline, None, None]:
-    """load_rank of each file, in order. The next file's rows are read on a second connection, in
-    a thread, while this one's timeline is built and used: DuckDB runs a query without the GIL.
-    On the 35 MB control trace a rank's reads take ~45 ms, and its build and digest about as long
-    (bench/timeline.py). Only the reads go to the thread: the build is many short numpy steps,
-    and each would wait up to the interpreter's 5 ms switch interval to take the GIL back from
-    the Python running here (a build in a thread took 50× as long beside a busy loop). Small
-    files are read several at a time (READ_EVENTS)."""
+    """load_rank of each file, in order. The next file's rows are read on two more connections,
+    in threads, while this one's timeline is built and used: DuckDB runs a query without the GIL.
+    The host ops go on one connection, the rest on the other, at once: a lone file's reads, which
+    nothing overlaps, took ~45 ms on the 35 MB control trace one after the other and ~30 ms so. Only
+    the reads go to the threads: the build is many short numpy steps, and each would wait up to
+    the interpreter's 5 ms switch interval to take the GIL back from the Python running here (a
+    build in a thread took 50× as long beside a busy loop). Small files are read several at a
+    time (READ_EVENTS)."""
     if not files:
         return
-    cur = con.cursor()   # a connection of its own: one connection is not for two threads at once
+    # Connections of their own: one connection is not for two threads at once.
+    events, ops = con.cursor(), con.cursor()
     try:
-        cur.execute("SET enable_progress_bar = false")   # per connection, as store.connect sets it
-        batches = read_batches(cur, files)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-read") as pool:
-            ahead = pool.submit(read_ranks, cur, batches[0])
+        for cur in (events, ops):
+            cur.execute("SET enable_progress_bar = false")   # per connection, as store.connect sets it
+        batches = read_batches(events, files)
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="diag-read") as pool:
+            def read(batch: list[int]) -> tuple[list[int], Future[_Events], Future[dict[int, pa.Table]]]:
+                return batch, pool.submit(_read_events, events, batch), pool.submit(_read_ops, ops, batch)
+
+            ahead = read(batches[0])
             for nxt in [*batches[1:], None]:
-                batch = ahead.result()
+                batch, ev, op = ahead
+                rows = _rows(batch, ev.result(), op.result())
                 if nxt is not None:
-                    ahead = pool.submit(read_ranks, cur, nxt)
-                for rows in batch:
-                    yield build_rank(rows)
+                    ahead = read(nxt)
+                for r in rows:
+                    yield build_rank(r)
     finally:
-        cur.close()
+        events.close()
+        ops.close()
 
 
 def read_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[RankRows]:
     """The rows of each of `files`, in order, read by one query per table for them all."""
+    return _rows(files, _read_events(con, files), _read_ops(con, files))
+
+
+class _Events(NamedTuple):
+    """A batch's rows but its host ops, by file."""
+
+    meta: dict[int, tuple[Any, ...]]
+    acts: dict[int, pa.Table]
+    hosts: list[int]                          # the files without GPU activities: their host ops stand in
+    spans: dict[int, list[tuple[Any, ...]]]
+    marks: dict[int, pa.Table]
+
+
+def _read_events(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> _Events:
     ids = store.id_set(files)
     meta = {r[0]: r[1:] for r in con.execute(
         "SELECT file_id, rank, coalesce(capture_window, 0), world_size, device_props, first_ts_ns, last_ts_ns "
@@ -216,9 +238,16 @@ def read_ranks(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> list[Ran
         """
     ).fetchall():
         spans[f].append(tuple(span))
-    ops = _by_file(store.arrow_table(con, _CPU_OPS.format(files=ids)), files)
     marks = _by_file(store.arrow_table(con, _HOST_MARKS.format(files=ids)), files)
-    return [RankRows(f, tuple(meta[f]), acts[f], f in hosts, ops[f], spans[f], marks[f]) for f in files]
+    return _Events(meta, acts, hosts, spans, marks)
+
+
+def _read_ops(con: duckdb.DuckDBPyConnection, files: Sequence[int]) -> dict[int, pa.Table]:
+    return _by_file(store.arrow_table(con, _CPU_OPS.format(files=store.id_set(files))), files)
+
+
+def _rows(files: Sequence[int], ev: _Events, ops: dict[int, pa.Table]) -> list[RankRows]:
+    return [RankRows(f, tuple(ev.meta[f]), ev.acts[f], f in ev.hosts, ops[f], ev.spans[f], ev.marks[f]) for f in files]
 
 
 def _by_file(table: pa.Table, files: Sequence[int]) -> dict[int, pa.Table]:

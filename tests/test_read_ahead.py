@@ -9,10 +9,12 @@ import gzip
 import json
 import mmap
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import kineto_traces, run_diag, shared_traces
+from helpers import ROOT, kineto_traces, run_diag, shared_traces
 from test_ingest_split import snapshot
 
 from diag import store
@@ -225,3 +227,34 @@ def test_the_command_begins_a_big_files_parse_to_the_same_report(tmp_path: Path)
     ahead, alone = run_diag("analyze", str(bad)), run_diag("analyze", str(bad), "--jobs", "1")
     assert ahead.returncode == alone.returncode == 2
     assert ahead.stderr == alone.stderr and ahead.stderr.count("\n") == 1
+
+
+# A process of its own, as the command's: the parse's modules imported by begin (its child forked
+# there, with SPLIT_BYTES lowered), then a whole parse, each table built as the child builds them.
+_PARSE_ONLY = """
+import sys
+from diag.no_pandas import keep_pandas_out
+keep_pandas_out()
+from diag.ingest import kineto, read_ahead
+from diag.ingest.source import DEFAULT_MAX_BYTES, read_source
+kineto.SPLIT_BYTES = 1
+path = sys.argv[1]
+read_ahead.start(path, DEFAULT_MAX_BYTES, False)
+read_ahead.begin(path, DEFAULT_MAX_BYTES, False, None, None)
+assert read_ahead._begun, "nothing begun"
+before_fork = "pyarrow.compute" in sys.modules
+src = read_source(path, DEFAULT_MAX_BYTES, False)
+info, chunks = kineto.read_kineto(path, src.data)
+assert sum(t.num_rows for c in chunks for t in c.values()) > 0
+print(before_fork, "pyarrow.compute" in sys.modules)
+"""
+
+
+def test_the_parse_imports_no_pyarrow_compute(trace: Path) -> None:
+    """pyarrow.compute costs ~35 ms to import: not on the path before the parse's child is forked
+    (read_ahead.begin), nor in the parse the child runs (kineto._extent takes the times' range in
+    NumPy). The parent imports it later, with the analysis, while the child parses."""
+    done = subprocess.run([sys.executable, "-c", _PARSE_ONLY, str(trace)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False"]

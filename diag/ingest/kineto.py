@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
 import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from diag.errors import BadInput
 
@@ -1219,15 +1218,22 @@ def _tabulate_by_rank(
 
 
 def _extent(tables: dict[str, pa.Table]) -> tuple[int | None, int | None]:
-    """Earliest start and latest end over the timed events (metadata rows carry no real time)."""
+    """Earliest start and latest end over the timed events (metadata rows carry no real time).
+
+    In NumPy: their times are never null (an event without a start is `other`, _kinds; a missing
+    duration reads 0, _Chunk.part), and so the parse imports no pyarrow.compute, whose ~35 ms
+    import was on the path before the parse's fork and in its child (read_ahead.begin)."""
     first: int | None = None
     last: int | None = None
     for name in ("cpu_ops", "runtime_calls", "kernels", "copies", "gpu_annotations"):
         t = tables[name]
         if t.num_rows == 0:
             continue
-        lo = pc.min(t["ts_ns"]).as_py()
-        hi = pc.max(pc.add(t["ts_ns"], t["dur_ns"])).as_py()
+        ts, dur = t["ts_ns"], t["dur_ns"]
+        if ts.null_count or dur.null_count:
+            raise AssertionError(f"{name}: a timed event without a time")
+        start = ts.to_numpy()
+        lo, hi = int(start.min()), int((start + dur.to_numpy()).max())
         first = lo if first is None else min(first, lo)
         last = hi if last is None else max(last, hi)
     return first, last
