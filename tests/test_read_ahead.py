@@ -211,6 +211,26 @@ def test_what_is_not_begun(trace: Path, tmp_path: Path) -> None:
         assert taken is not None and taken[1] is None and not read_ahead._begun
 
 
+def test_a_merged_files_child_is_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file that merges ranks is never split, but that is looked for after the child is forked
+    (the search reads the whole file): its child is then ended, and nothing is begun."""
+    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+    made: list[kineto.Begun] = []
+    real = kineto.begin
+    monkeypatch.setattr(kineto, "begin", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps({"traceEvents": [
+        {"name": "process_name", "ph": "M", "pid": r + 1, "tid": 0, "args": {"name": f"Rank {r}"}} for r in (0, 1)
+    ] + [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1 + i % 2, "tid": 1, "ts": i, "dur": 1}
+         for i in range(50)]}))
+    read_ahead.start(str(merged), DEFAULT_MAX_BYTES, False)
+    read_ahead.begin(str(merged), DEFAULT_MAX_BYTES, False, None, None)
+    taken = read_ahead.take(str(merged), DEFAULT_MAX_BYTES, False)
+    assert taken is not None and taken[1] is None and not read_ahead._begun
+    assert len(made) == 1 and made[0].split is not None, "the child was forked first"
+    assert made[0].split.half.pid == 0 and made[0].split.half.files.tables.closed
+
+
 def test_the_command_begins_a_big_files_parse_to_the_same_report(tmp_path: Path) -> None:
     # The control trace (35 MB of events): split, its child forked before the analysis imports;
     # --jobs 1 reads it in one process. The same report. Bad JSON: the same one line, exit 2.
