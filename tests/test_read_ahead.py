@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import ROOT, kineto_traces, run_diag, shared_traces
@@ -217,7 +218,12 @@ def test_a_merged_files_child_is_ended(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
     made: list[kineto.Begun] = []
     real = kineto.begin
-    monkeypatch.setattr(kineto, "begin", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+
+    def begin(*args: Any, **kwargs: Any) -> kineto.Begun:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(kineto, "begin", begin)
     merged = tmp_path / "merged.json"
     merged.write_text(json.dumps({"traceEvents": [
         {"name": "process_name", "ph": "M", "pid": r + 1, "tid": 0, "args": {"name": f"Rank {r}"}} for r in (0, 1)
