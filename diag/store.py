@@ -205,8 +205,8 @@ def insert_arrow(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> 
 def insert_from(con: duckdb.DuckDBPyConnection, sql: str, data: pa.Table) -> None:
     """Run `sql`, an INSERT that selects from `_incoming`, with `data` as _incoming: DuckDB finds
     it by that name among this function's locals (a replacement scan). Registered as a view and
-    dropped again, it cost ~0.6 ms more an insert, as much as a small table's insert itself
-    (~20 ms of `diag analyze` of the control trace, whose ingest and analysis insert 38 times)."""
+    dropped again, it cost ~0.6 ms more an insert, about as much as a small table's insert itself
+    (100 rows: 1.31 → 0.69 ms): `diag ingest` of 2,000 small files 3.26 → 3.15 s."""
     _incoming = data  # noqa: F841 - read by DuckDB, by name
     con.execute(sql)
 
