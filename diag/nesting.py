@@ -164,3 +164,23 @@ def points_within(t: I64, a: I64, b: I64) -> npt.NDArray[np.bool_]:
     """For each interval [a, b], ends included: whether any of the instants `t` falls in it."""
     t = np.sort(t)
     return np.searchsorted(t, b, side="right") > np.searchsorted(t, a, side="left")
+
+
+def innermost_pieces(ts: I64, end: I64, a: I64, b: I64, xs: I64, xe: I64) -> tuple[I64, I64, I64]:
+    """The intervals [a, b), less the intervals [xs, xe) (each list disjoint and sorted), cut into
+    pieces within which the innermost of the spans of one thread (sorted by (ts, -end)) does not
+    change: each piece's start, length and innermost span (-1: none), the one that holds its
+    first instant (a span holds t when ts <= t < end)."""
+    pts = distinct(np.concatenate([ts, end, a, b, xs, xe]).astype(np.int64))
+    s, e = pts[:-1], pts[1:]
+    keep = _within(a, b, s) & ~_within(xs, xe, s)
+    s, e = s[keep], e[keep]
+    return s, e - s, containing(np.zeros(len(ts), np.int64), ts, end - 1, np.zeros(len(s), np.int64), s)
+
+
+def _within(a: I64, b: I64, t: I64) -> npt.NDArray[np.bool_]:
+    """For each instant t: whether it falls in one of the disjoint sorted intervals [a, b)."""
+    if not len(a):
+        return np.zeros(len(t), dtype=bool)
+    j = np.searchsorted(a, t, side="right") - 1
+    return (j >= 0) & (t < b[np.maximum(j, 0)])

@@ -61,6 +61,16 @@ class HostMarks(msgspec.Struct, frozen=True):
     caller: list[str | None]      # the innermost Python frame around it (with_stack traces)
 
 
+class PythonFrames(msgspec.Struct, frozen=True):
+    """A CPU-only run's Python frames (with_stack=True) on the thread that ran the most aten op
+    time, the training loop's, in the trace's order (by start, outer before inner): the time
+    between ops is theirs, and MFU013 names the innermost one at each instant of it."""
+
+    start_ns: I64
+    end_ns: I64
+    name: list[str]
+
+
 def _listed(column: str, strings: bool = False) -> functools.cached_property[list[Any]]:
     """A RankTimeline attribute: one of its `acts` columns as a Python list, made once."""
     def read(tl: RankTimeline) -> list[Any]:
@@ -103,6 +113,7 @@ class RankTimeline:
     step_of: I64                      # step index (into steps) per activity, -1 when launched outside
     dataloader_spans: tuple[I64, I64]
     host_marks: HostMarks | None = None
+    python_frames: PythonFrames | None = None   # a CPU-only run's, where it recorded with_stack
     host_timeline: bool = False       # no GPU activity: the activities are host ops (CPU-only run)
     backward_pass: bool = True        # a backward or optimizer op or a backward-only kernel ran: training
     warnings: list[str] = field(default_factory=list)
@@ -288,6 +299,7 @@ def build_rank(rows: RankRows) -> RankTimeline:
         phase=phase, flops=flops, gemm_mnk=mnk, dtype=dtype, bytes_moved=nbytes, trace_flops=tflops,
         step_of=step_of, dataloader_spans=(op_ts[dl], op_end[dl]),
         host_marks=_host_marks(rows.marks, ops, op_tid, op_ts, op_end, frames),
+        python_frames=_training_thread_frames(frames, acts, ts, end) if rows.host else None,
         host_timeline=rows.host and len(ts) > 0,
         backward_pass=bool(np.isin(phases, TRAINING_PHASES).any())
         or any(is_backward_kernel(nm) for nm in pc.unique(acts.column("name")).drop_null().to_pylist()),
@@ -302,6 +314,22 @@ def _split_frames(spans: pa.Table) -> tuple[pa.Table, pa.Table]:
     unknown), and the op that launched a kernel is the innermost op, never the frame around it."""
     py = pc.equal(spans.column("cat"), "python_function").fill_null(False)
     return spans.filter(pc.invert(py)), spans.filter(py)
+
+
+def _training_thread_frames(frames: pa.Table, acts: pa.Table, ts: I64, end: I64) -> PythonFrames | None:
+    """The Python frames of the thread that ran the most aten op time (a host activity's stream
+    is its thread): a data loader's or a pin-memory thread's frames sit blocked through the gaps
+    and would name nothing. None without frames on that thread."""
+    if frames.num_rows == 0 or len(ts) == 0:
+        return None
+    tid = _ints(acts.column("stream"))
+    threads = distinct(tid)
+    busy = np.zeros(len(threads), np.int64)
+    np.add.at(busy, np.searchsorted(threads, tid), end - ts)
+    own = frames.filter(pc.equal(frames.column("tid"), int(threads[np.argmax(busy)])).fill_null(False))
+    if own.num_rows == 0:
+        return None
+    return PythonFrames(_ints(own.column("ts")), _ints(own.column("end")), _strings(own.column("name")))
 
 
 def _host_marks(marks: pa.Table, ops: pa.Table, tid: I64, ts: I64, end: I64, frames: pa.Table) -> HostMarks:

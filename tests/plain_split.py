@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,36 @@ def split(paths: list[Path], skip_steps: set[int] | None = None) -> dict[str, fl
             t = state_time(acts, lo, hi)
             rows.append({s: t[s] / (hi - lo) for s in STATES})
     return {s: sum(r[s] for r in rows) / len(rows) for s in STATES}
+
+
+def python_frames_in_gaps(path: Path, skip_steps: set[int] | None = None) -> dict[str, int]:
+    """A CPU-only file's idle time (no host activity on any thread) in its steps, less
+    `skip_steps`, by the innermost `python_function` frame of the thread with the most aten op
+    time, "" where none holds it; a built-in's name without the object it was called on (MFU013,
+    docs/ledger.md). No data loader spans: the captures checked with it have none."""
+    events = load(path)["traceEvents"]
+    acts, gpu = activities(events)
+    assert not gpu
+    busy: dict[Any, int] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "operator") and str(e.get("name")).startswith("aten::"):
+            busy[e.get("tid")] = busy.get(e.get("tid"), 0) + _ns(e.get("dur", 0))
+    thread = max(busy, key=lambda t: busy[t])
+    frames = [(*_span(e), str(e["name"])) for e in events
+              if e.get("ph") == "X" and e.get("cat") == "python_function" and e.get("tid") == thread]
+    out: dict[str, int] = {}
+    for number, lo, hi in step_windows(events, acts):
+        if number in (skip_steps or set()):
+            continue
+        edges = {t for s, e, _, _ in acts for t in (s, e)} | {t for s, e, _ in frames for t in (s, e)}
+        points = sorted({lo, hi} | {t for t in edges if lo < t < hi})
+        for a, b in zip(points, points[1:], strict=False):
+            if any(s <= a < e for s, e, _, _ in acts):
+                continue
+            holding = [(s, -e, name) for s, e, name in frames if s <= a < e]
+            name = re.sub(r" of .+ object at 0x[0-9a-fA-F]+>$", ">", max(holding)[2]) if holding else ""
+            out[name] = out.get(name, 0) + b - a
+    return out
 
 
 # The ledger's buckets by the state each claims from (DESIGN.md's ledger table): the compute pool

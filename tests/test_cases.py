@@ -19,6 +19,8 @@ from diag.ledger import BUCKETS
 from diag.report import render_text
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
+from rules.MFU013_idle import Idle
+from rules.MFU013_idle import Params as IdleParams
 
 CASES_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 CASES = sorted(p.name for p in CASES_DIR.iterdir() if (p / "expected.yml").exists())
@@ -287,6 +289,32 @@ def test_item_syncs_are_named_with_their_op(tmp_path_factory: pytest.TempPathFac
     assert d["syncs"][0]["gaps"] == 4 * 3 * 8
     assert "remove host syncs" in f["advice"] and ".item()" in f["advice"]
     assert sum(c["fraction"] for c in d["by_cause"].values()) == pytest.approx(f["lost_fraction"])
+
+
+def test_idle_causes_count_the_steps_the_ledger_counts(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """warmup_teardown's last step stays open 5 ms after its work (the profiler stopping): a step
+    tail in a step the means leave out. MFU013's causes split the bucket of the steps analyzed:
+    step for step their gap time is the ledger's idle_other, no left-out step's gap is listed, and
+    the teardown's tail is not in the step-tail share."""
+    run = run_case("warmup_teardown", tmp_path_factory).analysis.run
+    bucket = {(lg.rank, lg.step): lg.buckets["idle_other"] for lg in run.ledgers}
+    kept = dropped = tail = 0
+    for r in run.ranks:
+        d = r.rules["MFU013"]
+        for i, number in enumerate(r.steps.step):
+            if (r.rank, number) in bucket:
+                assert sum(v[i] for v in d.gap_ns.values()) / 1e9 == pytest.approx(bucket[r.rank, number], abs=1e-9)
+                kept += sum(v[i] for v in d.gap_ns.values())
+                tail += d.gap_ns["step_tail"][i]
+            else:
+                dropped += d.gap_ns["step_tail"][i]
+    assert dropped >= 2 * 5e6          # each rank's teardown tail, at least the 5 ms the profiler took
+    [f] = Idle(IdleParams(min_fraction=0.0)).findings(run)
+    # (The healthy steps between leave the GPU idle for no time at all: no share, where the
+    # teardown's tail alone would have made it all step tail.)
+    assert f.details["by_cause"]["step_tail"]["share"] == pytest.approx(tail / kept if kept else 0.0)
+    excluded = {(rank, step) for rank, step, _ in run.steps_excluded}
+    assert excluded and not {(g["rank"], g["step"]) for g in f.details["largest_gaps"]} & excluded
 
 
 def test_launch_bound_names_tiny_kernels_and_cuda_graphs(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import run_diag
-from plain_split import mismatch
+from plain_split import mismatch, python_frames_in_gaps
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.xdist_group("conformance")
@@ -97,6 +97,8 @@ def test_default_names_without_distributed_init_are_rank_0(captured: Path) -> No
     assert report["ranks"] == [0] and _steps_found(report) == 2
     assert any("one process, taken as rank 0" in n for n in report["notes"])
     assert mismatch(report, {0: [f]}) == {}
+    [idle] = [x for x in report["findings"] if x["code"] == "MFU013"]   # no Python frames to name
+    assert "by_frame" not in idle["details"] and "with_stack=True" in idle["advice"]
 
 
 def test_a_schedule_with_several_cycles_is_capture_windows_of_one_rank(captured: Path) -> None:
@@ -125,6 +127,19 @@ def test_with_stack(captured: Path) -> None:
     report = _analyze(f)
     assert report["ranks"] == [0]
     assert mismatch(report, {0: [f]}) == {}
+    # The time between ops, named by the innermost Python frame of the training thread: each
+    # frame's share as an independent sweep of the file finds it, and the parts add up to the bucket.
+    [idle] = [x for x in report["findings"] if x["code"] == "MFU013"]
+    d = idle["details"]
+    theirs = python_frames_in_gaps(f, {e["step"] for e in report["steps_excluded"]})
+    total = sum(theirs.values())
+    assert d["by_frame"] and idle["summary"].startswith("the host is outside aten ops")
+    for row in d["by_frame"]:
+        assert row["share"] == pytest.approx(theirs[row["frame"]] / total, abs=0.01), row["frame"]
+    assert d["outside_frames"]["share"] == pytest.approx(theirs.get("", 0) / total, abs=0.01)
+    parts = [row["fraction"] for row in d["by_frame"]] + [d["other_frames"]["fraction"], d["outside_frames"]["fraction"]]
+    assert sum(parts) == pytest.approx(idle["lost_fraction"])
+    assert "with_stack=True" not in idle["advice"]
 
 
 def test_pretty_printed_with_metadata_first(captured: Path, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diag.nesting import containing, distinct, nearest_at_least, parents
+from diag.nesting import containing, distinct, innermost_pieces, nearest_at_least, parents
 
 
 def stack_parents(tid: list[int], ts: list[int], end: list[int]) -> list[int]:
@@ -94,3 +94,30 @@ def test_distinct_is_np_unique() -> None:
     for n in (0, 1, 7, 5000):
         x = rng.integers(-50, 50, n)
         assert distinct(x).tolist() == np.unique(x).tolist()
+
+
+def disjoint(rng: np.random.Generator, n: int) -> tuple[list[int], list[int]]:
+    """Up to n disjoint sorted intervals [a, b) in 0..120."""
+    edges = sorted(set(rng.integers(0, 120, 2 * n).tolist()))
+    edges = edges[: len(edges) // 2 * 2]
+    return edges[0::2], edges[1::2]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_innermost_pieces_count_each_instant(seed: int) -> None:
+    """Instant by instant: each ns of [a, b) outside [xs, xe) counts for the last span (in the
+    spans' order) with ts <= t < end, or for none (MFU013's Python frames of a CPU-only run)."""
+    rng = np.random.default_rng(seed)
+    _, ts3, end3 = random_spans(rng, int(rng.integers(0, 60)))
+    spans = sorted(zip(ts3, end3, strict=True), key=lambda s: (s[0], -s[1]))   # one thread of them
+    ts, end = [s for s, _ in spans], [e for _, e in spans]
+    a, b = disjoint(rng, 6)
+    xs, xe = disjoint(rng, 3)
+    want = [0] * (len(ts) + 1)
+    for t in range(130):
+        if any(lo <= t < hi for lo, hi in zip(a, b, strict=True)) and not any(
+                lo <= t < hi for lo, hi in zip(xs, xe, strict=True)):
+            holding = [j for j in range(len(ts)) if ts[j] <= t < end[j]]
+            want[holding[-1] + 1 if holding else 0] += 1
+    _, length, span = innermost_pieces(*(np.array(v, np.int64) for v in (ts, end, a, b, xs, xe)))
+    assert np.bincount(span + 1, weights=length, minlength=len(ts) + 1).tolist() == want
