@@ -23,6 +23,12 @@ import pytest
 from helpers import run_diag
 from plain_split import mismatch, python_frames_in_gaps
 
+from diag.analysis import Finding
+from diag.api import analyze_path
+from diag.ingest.pipeline import IngestOptions
+from rules.MFU013_idle import Idle
+from rules.MFU013_idle import Params as IdleParams
+
 pytest.importorskip("torch")
 pytestmark = pytest.mark.xdist_group("conformance")
 
@@ -97,8 +103,8 @@ def test_default_names_without_distributed_init_are_rank_0(captured: Path) -> No
     assert report["ranks"] == [0] and _steps_found(report) == 2
     assert any("one process, taken as rank 0" in n for n in report["notes"])
     assert mismatch(report, {0: [f]}) == {}
-    [idle] = [x for x in report["findings"] if x["code"] == "MFU013"]   # no Python frames to name
-    assert "by_frame" not in idle["details"] and "with_stack=True" in idle["advice"]
+    idle = _idle(f)   # no Python frames to name
+    assert "by_frame" not in idle.details and "with_stack=True" in idle.advice
 
 
 def test_a_schedule_with_several_cycles_is_capture_windows_of_one_rank(captured: Path) -> None:
@@ -129,17 +135,26 @@ def test_with_stack(captured: Path) -> None:
     assert mismatch(report, {0: [f]}) == {}
     # The time between ops, named by the innermost Python frame of the training thread: each
     # frame's share as an independent sweep of the file finds it, and the parts add up to the bucket.
-    [idle] = [x for x in report["findings"] if x["code"] == "MFU013"]
-    d = idle["details"]
+    idle = _idle(f)
+    d: dict[str, Any] = idle.details
     theirs = python_frames_in_gaps(f, {e["step"] for e in report["steps_excluded"]})
     total = sum(theirs.values())
-    assert d["by_frame"] and idle["summary"].startswith("the host is outside aten ops")
+    assert d["by_frame"] and idle.summary.startswith("the host is outside aten ops")
     for row in d["by_frame"]:
         assert row["share"] == pytest.approx(theirs[row["frame"]] / total, abs=0.01), row["frame"]
     assert d["outside_frames"]["share"] == pytest.approx(theirs.get("", 0) / total, abs=0.01)
     parts = [row["fraction"] for row in d["by_frame"]] + [d["other_frames"]["fraction"], d["outside_frames"]["fraction"]]
-    assert sum(parts) == pytest.approx(idle["lost_fraction"])
-    assert "with_stack=True" not in idle["advice"]
+    assert sum(parts) == pytest.approx(idle.lost_fraction)
+    assert "with_stack=True" not in idle.advice
+
+
+def _idle(path: Path) -> Finding:
+    """MFU013's finding at any size: the captures' idle time is most of a step on a quiet machine,
+    but a loaded one can stretch a single op over nearly all of it (CI saw idle_other at 0.74%, under
+    the rule's 1%), and the frames are checked all the same."""
+    analysis, _ = analyze_path(str(path), None, ingest_opts=IngestOptions(jobs=1), warn=False)
+    [idle] = Idle(IdleParams(min_fraction=0.0)).findings(analysis.run)
+    return idle
 
 
 def test_pretty_printed_with_metadata_first(captured: Path, tmp_path: Path) -> None:
