@@ -63,6 +63,11 @@ def _steps_of(largest: list[Gap]) -> list[str]:
     return list(dict.fromkeys(f"step:{r}:{s}" for _, r, s, _ in largest))
 
 
+def _gap_rows(largest: list[Gap]) -> list[dict[str, int | float]]:
+    """The largest gaps as the details list them."""
+    return [{"rank": r, "step": s, "start_ns": a, "ms": ns / 1e6} for ns, r, s, a in largest]
+
+
 def _largest_by_step(ns: I64, step: I64, start: I64, tl: RankTimeline, keep: int) -> list[tuple[int, int, int, int, int]]:
     """Each step's `keep` largest gaps, in the order sorted((ns, rank, step, start), reverse=True)
     gives them within a step, without a tuple per gap (thousands on a trace of short kernels)."""
@@ -166,12 +171,12 @@ class Idle(Rule[Params]):
             for k, v in d.gap_ns.items():
                 gap[k] += sum(ns for i, ns in enumerate(v) if (r.file_id, i) in run.states)
             largest += [(ns, rank, s, a) for ns, rank, s, a, i in d.largest if (r.file_id, i) in run.states]
-        total = sum(gap.values())
-        share = {k: (gap[k] / total if total else 0.0) for k in CAUSES}
         largest = sorted(largest, reverse=True)[: self.params.top_gaps]
-        top = max(CAUSES, key=lambda k: share[k]) if total else "unexplained"
         if any(r.host_timeline for r in run.ranks):
             return [self._host_finding(run, frac, largest)]
+        total = sum(gap.values())
+        share = {k: (gap[k] / total if total else 0.0) for k in CAUSES}
+        top = max(CAUSES, key=lambda k: share[k]) if total else "unexplained"
         summary = f"GPU idle with no launch pending {frac:.1%} of the step, mostly {CAUSES[top]}"
         if top == "unexplained" and largest:
             summary += "; largest gaps: " + ", ".join(
@@ -187,7 +192,7 @@ class Idle(Rule[Params]):
             *run.involved("idle_other", 0.0), _steps_of(largest), advice, summary,
             run.what_if(frac),
             {"by_cause": {k: {"share": share[k], "fraction": share[k] * frac, "what": CAUSES[k]} for k in CAUSES},
-             "largest_gaps": [{"rank": r, "step": s, "start_ns": a, "ms": ns / 1e6} for ns, r, s, a in largest]},
+             "largest_gaps": _gap_rows(largest)},
             # Profiler overhead is not the run's: no fix in the training code wins it back.
             bucket="idle_other", recoverable_fraction=frac * (1 - share["profiler"]),
         )]
@@ -213,8 +218,7 @@ class Idle(Rule[Params]):
             return {"share": ns / total, "fraction": ns / total * frac}
 
         summary = f"the host is outside aten ops and collectives {frac:.1%} of the step (CPU-only run"
-        details: dict[str, object] = {
-            "largest_gaps": [{"rank": r, "step": s, "start_ns": a, "ms": ns / 1e6} for ns, r, s, a in largest]}
+        details: dict[str, object] = {"largest_gaps": _gap_rows(largest)}
         if top:
             summary += "); innermost Python frames: " + ", ".join(
                 f"{name} {part(ns)['fraction']:.1%}" for name, ns in top[:3])
