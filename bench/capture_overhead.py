@@ -1,4 +1,4 @@
-"""What diag.capture costs a training step: the example GPT's step on the CPU, without and with it.
+"""What diag.capture.profiler costs a training step: the example GPT's step on the CPU, without and with it.
 
     .venv/bin/python bench/capture_overhead.py [--steps 40]
 
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from diag.capture import capture
-from diag.example.gpt import GPT, Rank, Trainer, non_embedding_params
-from diag.example.launch import ExampleConfig
+from diag.capture.example.gpt import GPT, Rank, Trainer, non_embedding_params
+from diag.capture.example.launch import ExampleConfig
+from diag.capture.profiler import capture
 
 
 def _timed(step: Callable[[], None]) -> float:

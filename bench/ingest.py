@@ -54,8 +54,8 @@ def hta_parse(path: Path) -> None:
 
 
 def diag_ingest(path: Path) -> None:
-    from diag import store
     from diag.ingest.pipeline import IngestOptions, ingest
+    from diag.runtime import store
 
     d = Path(tempfile.mkdtemp())
     con = store.connect(d / "run.duckdb")
@@ -152,7 +152,7 @@ def _preload() -> None:
     import orjson  # noqa: F401
 
     import diag.ingest.pipeline  # noqa: F401
-    import diag.store  # noqa: F401
+    import diag.runtime.store  # noqa: F401
 
     logging.disable(logging.WARNING)
     import hta.trace_analysis  # noqa: F401

@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from diag import store
 from diag.api import analyze_opened
-from diag.engine import AnalyzeOptions
+from diag.engine.run import AnalyzeOptions
 from diag.ingest.pipeline import IngestOptions, ingest
+from diag.runtime import store
 from fixtures.generate import generate
 from tui.snapshot import analyzed
 from tui.sources import Live

@@ -15,7 +15,7 @@ on what the run needs. Results accumulate in DATA/LABEL.jsonl; `--table` prints 
 in docs/scale.md). Growth is seconds per byte ÷ the smallest point's: 1.00 is linear in bytes.
 
 `--path-cost` also runs analyze on the same store with the critical path and the re-timed
-what-ifs left out (diag/engine.py's two calls replaced by no-ops in the child), so the table shows
+what-ifs left out (diag/engine/run.py's two calls replaced by no-ops in the child), so the table shows
 what they add: time and peak memory with them ÷ without (issue 18's bar: 1.25 and 1.10).
 """
 
@@ -56,7 +56,7 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 GAP_US = 50.0
 # diag's command line with the critical path and the re-timed what-ifs left out: the analysis as
 # it was before them, for --path-cost.
-WITHOUT_PATH = ("import sys, diag.engine as e; e.critical_paths = lambda con, run: []; "
+WITHOUT_PATH = ("import sys, diag.engine.run as e; e.critical_paths = lambda con, run: []; "
                 "e.retimed = lambda con, run, findings: findings; from diag.cli import main; sys.exit(main())")
 
 

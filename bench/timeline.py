@@ -38,13 +38,13 @@ def main() -> int:
     import numpy as np
     import orjson
 
-    from diag import store
-    from diag.clocks import clock_offsets
-    from diag.collectives import match, wait_intervals
-    from diag.engine import map_ranks
+    from diag.engine.run import map_ranks
     from diag.ingest.pipeline import IngestOptions, ingest
-    from diag.states import with_waits
-    from diag.timeline import rank_files
+    from diag.runtime import store
+    from diag.timeline.clocks import clock_offsets
+    from diag.timeline.collectives import match, wait_intervals
+    from diag.timeline.rank import rank_files
+    from diag.timeline.states import with_waits
     from rules import RULES
 
     tmp = Path(tempfile.mkdtemp())

@@ -13,16 +13,16 @@ import duckdb
 import msgspec
 from msgspec.structs import replace
 
-from diag import store
-from diag.digest import RankDigest
-from diag.engine import Analysis, AnalyzeOptions, analyze
-from diag.errors import BadInput, printable
-from diag.executor import Executor, make_executor
+from diag.attribution.digest import RankDigest
+from diag.engine.run import Analysis, AnalyzeOptions, analyze
 from diag.ingest.discover import require_paths
 from diag.ingest.pipeline import IngestOptions, IngestResult, ingest
 from diag.ingest.source import is_duckdb_file
-from diag.progress import Bars, Progress, terminal_progress
-from diag.report import build_report
+from diag.outputs.report import build_report
+from diag.runtime import store
+from diag.runtime.errors import BadInput, printable
+from diag.runtime.executor import Executor, make_executor
+from diag.runtime.progress import Bars, Progress, terminal_progress
 
 T = TypeVar("T")
 
@@ -131,7 +131,7 @@ def analyze_path(path: str, db: str | None = None, opts: AnalyzeOptions = Analyz
                  ingest_opts: IngestOptions = IngestOptions(), warn: bool = True,
                  progress: bool = False) -> tuple[Analysis, dict[str, Any]]:
     """PATH ingested and analyzed, the files left out said on stderr; with `progress`, bars for
-    both on a terminal (diag/progress.py)."""
+    both on a terminal (diag/runtime/progress.py)."""
     return analyze_and_use(path, db, opts, ingest_opts, lambda con, a, report: (a, report), warn, progress)
 
 

@@ -1,10 +1,10 @@
 """`diag` command line: the one place that builds the parser, registers every command and holds
 the options commands share. stdout is data, stderr is diagnostics; exit codes are `ExitCode`.
 
-Imports flow one way: this module imports the commands (diag/commands.py, tui/commands.py and the
+Imports flow one way: this module imports the commands (diag/commands.py, diag/tui_commands.py and the
 modules whose switches a second program parses too: mfu, capture, example); nothing imports it.
 It imports each only when its command is the one run (`build_parser`): `diag --help` loads none.
-Every option value is checked while parsing (diag/option_types.py): a bad one is one line naming
+Every option value is checked while parsing (diag/runtime/option_types.py): a bad one is one line naming
 the option and the value, exit 2, before any work starts.
 """
 
@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from diag import __version__
-from diag.arrow_memory import use_system_allocator
-from diag.batch import collect_seldom, exit_now
-from diag.blas_threads import one_blas_thread
-from diag.errors import BadInput, ExitCode
-from diag.no_pandas import keep_pandas_out
-from diag.option_types import NEGATIVE_NUMBER, non_negative_int, positive_float, positive_int
+from diag.runtime.arrow_memory import use_system_allocator
+from diag.runtime.batch import collect_seldom, exit_now
+from diag.runtime.blas_threads import one_blas_thread
+from diag.runtime.errors import BadInput, ExitCode
+from diag.runtime.no_pandas import keep_pandas_out
+from diag.runtime.option_types import NEGATIVE_NUMBER, non_negative_int, positive_float, positive_int
 
 FORMATS = ("text", "json", "markdown")
 
@@ -85,7 +85,7 @@ def _add_report_options(p: argparse.ArgumentParser, html: bool = False) -> None:
 
 
 def _add_ui_options(p: argparse.ArgumentParser) -> None:
-    from tui import commands as ui
+    from diag import tui_commands as ui
 
     add_model_options(p)
     add_ingest_options(p)
@@ -142,7 +142,7 @@ def _demo(p: argparse.ArgumentParser) -> None:
 
 
 def _tui(p: argparse.ArgumentParser) -> None:
-    from tui import commands as ui
+    from diag import tui_commands as ui
 
     p.add_argument("path", help="trace directory, trace file, or a diag DuckDB file")
     _add_ui_options(p)
@@ -150,7 +150,7 @@ def _tui(p: argparse.ArgumentParser) -> None:
 
 
 def _live(p: argparse.ArgumentParser) -> None:
-    from tui import commands as ui
+    from diag import tui_commands as ui
 
     p.add_argument("dir", help="the directory torch.profiler's trace handler writes into")
     _add_ui_options(p)
@@ -167,7 +167,7 @@ def _gate(p: argparse.ArgumentParser) -> None:
     p.description = ("Compare CURRENT with --baseline BASE and fail (exit 1) when MFU, a ledger bucket or a "
                      "rule's findings got worse beyond the budget and beyond the baseline's step-to-step noise. "
                      "Exit 2: bad input. See docs/gate.md.")
-    p.add_argument("current", help="the new run: a diag.report/1 JSON (diag analyze --format json), a trace "
+    p.add_argument("current", help="the new run: a diag.outputs.report/1 JSON (diag analyze --format json), a trace "
                                    "directory, or a diag DuckDB file")
     p.add_argument("--baseline", required=True, help="the reference run, in any of the same forms")
     p.add_argument("--budget", default=None, help="budget TOML (default: 1 MFU point, 1 point per bucket, "
@@ -183,21 +183,21 @@ def _gate(p: argparse.ArgumentParser) -> None:
 
 
 def _mfu(p: argparse.ArgumentParser) -> None:
-    from diag.mfu import add_mfu_arguments, run_mfu
+    from diag.knowledge.mfu import add_mfu_arguments, run_mfu
 
     add_mfu_arguments(p)
     p.set_defaults(handler=run_mfu)
 
 
 def _capture(p: argparse.ArgumentParser) -> None:
-    from diag.capture import add_capture_arguments, run_capture_command
+    from diag.capture.profiler import add_capture_arguments, run_capture_command
 
     add_capture_arguments(p)
     p.set_defaults(handler=run_capture_command)
 
 
 def _example(p: argparse.ArgumentParser) -> None:
-    from diag.example import add_example_arguments, run_example_command
+    from diag.capture.example import add_example_arguments, run_example_command
 
     add_example_arguments(p)
     p.set_defaults(handler=run_example_command)
@@ -237,11 +237,11 @@ def build_parser(argv: Sequence[str] | None = None) -> DiagParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The `diag` command; `argv` None means this process is the command (the console script,
-    `python -m diag.cli`), which then runs without pandas (diag/no_pandas.py: 0.16–0.3 s of each
+    `python -m diag.cli`), which then runs without pandas (diag/runtime/no_pandas.py: 0.16–0.3 s of each
     run's CPU), unless on Ray, which has uses of its own for it, with Arrow's memory from the
-    system allocator (diag/arrow_memory.py), NumPy's OpenBLAS on one thread unless it runs the
-    user's programs (diag/blas_threads.py), and, for the batch commands, collects garbage
-    seldom and ends as soon as its output is out (diag/batch.py). Called with a list, as from a
+    system allocator (diag/runtime/arrow_memory.py), NumPy's OpenBLAS on one thread unless it runs the
+    user's programs (diag/runtime/blas_threads.py), and, for the batch commands, collects garbage
+    seldom and ends as soon as its output is out (diag/runtime/batch.py). Called with a list, as from a
     program or a test, it leaves that program's imports, allocator, collector and exit alone."""
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     if argv is None:
@@ -292,7 +292,7 @@ def _resolve_gpu(args: argparse.Namespace) -> None:
     an ambiguous name's choice is said on stderr."""
     if getattr(args, "gpu", None) is None:
         return
-    from diag import hardware
+    from diag.knowledge import hardware
 
     try:
         found = hardware.resolve_part(args.gpu)

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from diag.errors import BadInput, ExitCode, printable
 from diag.ingest import read_ahead
 from diag.ingest.source import is_duckdb_file
+from diag.runtime.errors import BadInput, ExitCode, printable
 
 if TYPE_CHECKING:
-    from diag.engine import AnalyzeOptions
+    from diag.engine.run import AnalyzeOptions
     from diag.ingest.pipeline import IngestOptions
 
 
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 def analyze_options(args: argparse.Namespace) -> AnalyzeOptions:
     """The model options, checked before any work: a model that loads, and one whose MFU can be
     computed (a preset carries no tokens per step, and traces do not record it)."""
-    from diag import model
-    from diag.engine import AnalyzeOptions
+    from diag.engine.run import AnalyzeOptions
+    from diag.knowledge import model
 
     if args.model is not None and args.tokens_per_step is None:
         spec = model.load_model(args.model)
@@ -61,10 +61,10 @@ def _parse_ahead(path: str, args: argparse.Namespace) -> None:
 
 def run_ingest(args: argparse.Namespace) -> int:
     _parse_ahead(args.paths[0], args)
-    from diag import store
     from diag.api import counted_warnings, ingest_paths, print_warnings
     from diag.ingest.discover import require_paths
-    from diag.progress import terminal_progress
+    from diag.runtime import store
+    from diag.runtime.progress import terminal_progress
 
     opts = ingest_options(args)
     require_paths(args.paths)   # before the store: a missing trace creates no --db file
@@ -90,7 +90,7 @@ def run_ingest(args: argparse.Namespace) -> int:
 def _store_ahead(path: str, db: str | None) -> None:
     """Traces analyzed without --db: their in-memory store opens in a thread while this process
     imports the analysis (store.connect_ahead)."""
-    from diag import store
+    from diag.runtime import store
 
     if db is None and not is_duckdb_file(path):
         store.connect_ahead()
@@ -100,11 +100,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     _parse_ahead(args.path, args)
     _store_ahead(args.path, args.db)
     from diag.api import analyze_and_use
-    from diag.report import render
+    from diag.outputs.report import render
 
     opts, iopts = analyze_options(args), ingest_options(args)
     if args.format == "html":
-        from diag.html_report import render_html
+        from diag.outputs.html_report import render_html
 
         # The page reads the store beside the report (top kernels with their achieved TFLOP/s).
         text = analyze_and_use(args.path, args.db, opts, iopts,
@@ -125,7 +125,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     _store_ahead(args.path, args.db)
     from diag.api import analyze_and_use
-    from diag.perfetto import Cut, export_perfetto, parse_ranges
+    from diag.outputs.perfetto import Cut, export_perfetto, parse_ranges
 
     cut = Cut(parse_ranges(args.ranks, "--ranks") if args.ranks else None,
               parse_ranges(args.steps, "--steps") if args.steps else None)
@@ -156,14 +156,14 @@ def _demo(out: Path, args: argparse.Namespace) -> int:
     print(f"diag demo: {truth.world_size} ranks × {truth.steps} steps written to {where}", file=sys.stderr)
     # Nobody can see a UI without a terminal on both ends (a pipe, a CI log, `</dev/null`): print instead.
     if not args.no_tui and has_terminal():
-        from diag.engine import AnalyzeOptions
+        from diag.engine.run import AnalyzeOptions
         from diag.ingest.pipeline import IngestOptions
         from tui.app import DiagApp
         from tui.sources import PostMortem
 
         return int(DiagApp(PostMortem(str(out), None, AnalyzeOptions(), IngestOptions())).run() or 0)
     from diag.api import analyze_path
-    from diag.report import render
+    from diag.outputs.report import render
 
     _, report = analyze_path(str(out))
     sys.stdout.write(render(report, args.format))
@@ -173,7 +173,7 @@ def _demo(out: Path, args: argparse.Namespace) -> int:
 # -------------------------------------------------------------------------------------- gate
 
 def run_gate(args: argparse.Namespace) -> int:
-    from diag import gate, gate_output
+    from diag.outputs import gate, gate_output
 
     github = os.environ.get("GITHUB_ACTIONS") == "true"
     try:

@@ -6,9 +6,9 @@ import statistics
 
 import msgspec
 
-from diag.analysis import Finding, RunContext, StepContext, severity
-from diag.ledger import StepLedger
-from diag.links import LINKS, Link, Reach, bus_factor, normalize_collective, reach
+from diag.attribution.analysis import Finding, RunContext, StepContext, severity
+from diag.attribution.ledger import StepLedger
+from diag.knowledge.links import LINKS, Link, Reach, bus_factor, normalize_collective, reach
 from rules.base import Rule
 
 
@@ -57,7 +57,7 @@ class ExposedCollectives(Rule[Params]):
     transfer part of exposed collectives. Grouped by process group, collective and size, with the
     bus bandwidth each achieved against what a message of that size can reach on the link it
     should run on (NVLink inside a node, the network across nodes): NCCL's fixed cost per call plus
-    the bytes at the link's bandwidth (diag/links.py `reach`). A small message is latency-bound and
+    the bytes at the link's bandwidth (diag/knowledge/links.py `reach`). A small message is latency-bound and
     gets no bandwidth verdict.
 
     Why it costs MFU: while a collective runs alone the tensor cores are idle; overlapping it

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from diag.analysis import Finding, RunContext, StepContext, severity
-from diag.ledger import StepLedger
-from diag.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, UNKNOWN, detect_layout
+from diag.attribution.analysis import Finding, RunContext, StepContext, severity
+from diag.attribution.ledger import StepLedger
+from diag.timeline.pipeline_layout import GPIPE, INTERLEAVED, ONE_F_ONE_B, UNKNOWN, detect_layout
 from rules.base import Rule
 
 
@@ -23,7 +23,7 @@ class PipelineBubble(Rule[Params]):
     against the schedule's ideal bubble (p−1)/(m+p−1) of the step for p stages and m microbatches
     (÷ v with v interleaved virtual stages). p, m and the schedule (GPipe, 1F1B, interleaved) are
     read from the send/recv pattern: the chain of peers, the transfers per channel per step, and
-    the order of sends and receives on the last stage (diag/pipeline.py).
+    the order of sends and receives on the last stage (diag/timeline/pipeline_layout.py).
 
     Why it costs MFU: during fill and drain a stage holds its GPU but has no microbatch to work
     on; with few microbatches per stage the bubble is a large share of every step.

@@ -9,9 +9,9 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from diag import gemm_shape
-from diag.analysis import Finding, RankContext, RunContext, StepContext, severity
-from diag.ledger import StepLedger
+from diag.attribution import gemm_shape
+from diag.attribution.analysis import Finding, RankContext, RunContext, StepContext, severity
+from diag.attribution.ledger import StepLedger
 from rules.base import Rule
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from diag.analysis import Finding, RankContext, RunContext, StepContext, severity
-from diag.ledger import StepLedger
+from diag.attribution.analysis import Finding, RankContext, RunContext, StepContext, severity
+from diag.attribution.ledger import StepLedger
 from rules.base import Rule
 
 # Recomputed kernels a finding points at (the first ones, in rank order).

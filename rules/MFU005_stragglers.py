@@ -6,8 +6,8 @@ from collections import defaultdict
 
 import msgspec
 
-from diag.analysis import Finding, RunContext, StepContext, severity
-from diag.ledger import StepLedger
+from diag.attribution.analysis import Finding, RunContext, StepContext, severity
+from diag.attribution.ledger import StepLedger
 from rules.base import Rule
 
 

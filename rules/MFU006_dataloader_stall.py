@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from diag.analysis import Finding, RunContext, StepContext
-from diag.ledger import StepLedger
+from diag.attribution.analysis import Finding, RunContext, StepContext
+from diag.attribution.ledger import StepLedger
 from rules.base import Rule
 
 

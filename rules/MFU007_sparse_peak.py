@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from diag import hardware
-from diag.analysis import Finding, RunContext
-from diag.durations import percent
+from diag.attribution.analysis import Finding, RunContext
+from diag.knowledge import hardware
+from diag.runtime.durations import percent
 from rules.base import Rule
 
 

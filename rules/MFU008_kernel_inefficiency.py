@@ -7,7 +7,7 @@ from collections import defaultdict
 import msgspec
 import numpy as np
 
-from diag.analysis import Finding, RankContext, RunContext, severity
+from diag.attribution.analysis import Finding, RankContext, RunContext, severity
 from rules.base import Rule
 
 

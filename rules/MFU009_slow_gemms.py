@@ -10,9 +10,9 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from diag import gemm_shape
-from diag.analysis import Finding, RankContext, RunContext, severity
-from diag.digest import TF32_KERNEL
+from diag.attribution import gemm_shape
+from diag.attribution.analysis import Finding, RankContext, RunContext, severity
+from diag.attribution.digest import TF32_KERNEL
 from rules.base import Rule
 
 

@@ -7,8 +7,8 @@ from collections import defaultdict
 import msgspec
 import numpy as np
 
-from diag.analysis import Finding, RankContext, RunContext, severity
-from diag.states import covered_ns, union
+from diag.attribution.analysis import Finding, RankContext, RunContext, severity
+from diag.timeline.states import covered_ns, union
 from rules.base import Rule
 
 

@@ -8,12 +8,12 @@ from collections import defaultdict
 import msgspec
 import numpy as np
 
-from diag.analysis import Finding, RankContext, RunContext, severity
-from diag.digest import RankDigest
-from diag.durations import duration
-from diag.nesting import innermost_pieces, overlapped
-from diag.states import union
-from diag.timeline import I64, RankTimeline
+from diag.attribution.analysis import Finding, RankContext, RunContext, severity
+from diag.attribution.digest import RankDigest
+from diag.runtime.durations import duration
+from diag.timeline.nesting import innermost_pieces, overlapped
+from diag.timeline.rank import I64, RankTimeline
+from diag.timeline.states import union
 from rules.base import Rule
 
 
@@ -34,7 +34,7 @@ CAUSES = {
 
 class IdleDigest(msgspec.Struct):
     """A rank's gap time by step (index into its steps), so that the findings count just the steps
-    the ledger counts (warm-up and teardown steps are left out of the means, diag/step_outliers.py)."""
+    the ledger counts (warm-up and teardown steps are left out of the means, diag/timeline/step_outliers.py)."""
 
     gap_ns: dict[str, list[int]]              # cause → each step's gap time
     # Each step's largest listed gaps: (ns, rank, step, start_ns, step index).

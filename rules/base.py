@@ -6,8 +6,8 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import msgspec
 
-from diag.analysis import Finding, RankContext, RunContext, StepContext
-from diag.ledger import StepLedger
+from diag.attribution.analysis import Finding, RankContext, RunContext, StepContext
+from diag.attribution.ledger import StepLedger
 
 
 class NoParams(msgspec.Struct, frozen=True):

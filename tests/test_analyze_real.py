@@ -1,6 +1,6 @@
 """`diag analyze` on every real trace in ../shared/traces: it runs to the end, the ledger sums to
 each step, its GPU-state split equals an independent sweep of the JSON (tests/plain_split.py)
-within half a point, and the JSON is the diag.report/1 contract."""
+within half a point, and the JSON is the diag.outputs.report/1 contract."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from helpers import kineto_traces, run_diag, shared_traces, unexplained_buckets
 from plain_split import mismatch
 
 from diag.api import analyze_path
+from diag.attribution.ledger import BUCKETS
 from diag.ingest.pipeline import IngestOptions
-from diag.ledger import BUCKETS
 
 CONTRACT = {"schema", "world_size", "steps", "device", "step_time_s", "mfu", "hfu", "ledger", "ledger_by_rank",
             "findings", "clock_offsets_us"}
@@ -38,7 +38,7 @@ def test_analyze_runs_to_the_end_and_the_ledger_sums(trace: Path) -> None:
         assert sum(lg.buckets.values()) == pytest.approx(lg.window_s, rel=1e-9, abs=1e-12)
         assert min(lg.buckets.values()) >= 0
     assert sum(report["ledger"].values()) == pytest.approx(1.0, abs=0.01)
-    assert set(report) >= CONTRACT and report["schema"] == "diag.report/1"
+    assert set(report) >= CONTRACT and report["schema"] == "diag.outputs.report/1"
     assert set(report["ledger"]) == set(BUCKETS)
     [rank] = report["ranks"]
     assert mismatch(report, {rank: [trace]}) == {}
@@ -85,7 +85,7 @@ def test_json_report_contract_from_the_cli(tmp_path: Path) -> None:
     assert set(report) >= CONTRACT
     assert report["device"]["name"] == "A100 40GB" and report["device"]["dtype"] == "tf32"
     # A100 dense TF32 156 for the tensorop_s1688 GEMMs, FP32 19.5 for the ampere_sgemm ones: the
-    # effective peak over the two (diag/dtype_mix.py), not 156 for all.
+    # effective peak over the two (diag/attribution/dtype_mix.py), not 156 for all.
     mix = report["device"]["dtype_mix"]
     assert set(mix) == {"tf32", "fp32"} and mix["tf32"] > 0.9
     assert report["device"]["peak_tflops"] == pytest.approx(1 / (mix["tf32"] / 156 + mix["fp32"] / 19.5))

@@ -1,4 +1,4 @@
-"""The `diag` command takes Arrow's memory from the system allocator (diag/arrow_memory.py),
+"""The `diag` command takes Arrow's memory from the system allocator (diag/runtime/arrow_memory.py),
 unless the user chose a pool; diag used as a library leaves the program's pool alone."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `diag` command runs NumPy's OpenBLAS on one thread (diag/blas_threads.py), unless the user
+"""The `diag` command runs NumPy's OpenBLAS on one thread (diag/runtime/blas_threads.py), unless the user
 set it, or the command runs the user's programs; diag used as a library leaves it alone."""
 
 from __future__ import annotations

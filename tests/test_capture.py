@@ -1,4 +1,4 @@
-"""diag.capture and the example job, proven on runs captured here: 2 processes, gloo, CPU.
+"""diag.capture.profiler and the example job, proven on runs captured here: 2 processes, gloo, CPU.
 
 Each real run (marked slow, ~5 s: every process imports torch and torch._dynamo) belongs to one
 test, which makes all its checks on it, so that `pytest -n` never makes a run twice. The checks
@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-from diag.capture import (
+from diag.capture.example import launch
+from diag.capture.example.launch import ExampleConfig, add_job_arguments, run_example
+from diag.capture.profiler import (
     FLIGHT_RECORDER_PREFIX,
     MODEL_FILE,
     add_capture_arguments,
@@ -32,9 +34,7 @@ from diag.capture import (
     run_capture_command,
     write_model_toml,
 )
-from diag.errors import BadInput, ExitCode
-from diag.example import launch
-from diag.example.launch import ExampleConfig, add_job_arguments, run_example
+from diag.runtime.errors import BadInput, ExitCode
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -110,7 +110,7 @@ def within(step: dict[str, Any], spans: list[dict[str, Any]]) -> list[dict[str, 
 
 
 def test_the_core_imports_without_torch() -> None:
-    code = "import sys, diag.capture, diag.example; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, diag.capture.profiler, diag.capture.example; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -211,7 +211,7 @@ def _parameters() -> tuple[int, int]:
     """(non-embedding, all) parameters, counted over the modules of the model the job builds."""
     from torch import nn
 
-    from diag.example.gpt import GPT
+    from diag.capture.example.gpt import GPT
 
     gpt = GPT(ExampleConfig())
     non_embedding = sum(
@@ -274,7 +274,7 @@ def backward_end(trace: Trace, step: dict[str, Any]) -> float:
 @pytest.mark.slow
 def test_ddp_run_with_a_slow_loader_a_slow_rank_and_full_recompute(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from diag.example.gpt import SLOW_RANK_SPAN
+    from diag.capture.example.gpt import SLOW_RANK_SPAN
 
     out = run_example(tmp_path, nproc=2, steps=6, active=1, repeat=2, loader_delay_ms=50, slow_rank=1, recompute="full")
     # wait 1, warm-up 1, active 1, twice: step 2, then step 5; one file per rank per cycle
@@ -358,7 +358,7 @@ import sys
 
 import torch
 
-from diag.capture import capture
+from diag.capture.profiler import capture
 
 torch.set_num_threads(1)
 model = torch.nn.Linear(32, 32)

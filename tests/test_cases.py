@@ -14,9 +14,9 @@ import yaml
 from helpers import unexplained_buckets
 
 from diag.api import analyze_path
-from diag.engine import Analysis, AnalyzeOptions
-from diag.ledger import BUCKETS
-from diag.report import render_text
+from diag.attribution.ledger import BUCKETS
+from diag.engine.run import Analysis, AnalyzeOptions
+from diag.outputs.report import render_text
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
 from rules.MFU013_idle import Idle
@@ -231,7 +231,7 @@ def test_flight_recorder_calls_join_the_kineto_collectives(tmp_path: Path) -> No
     """A Flight Recorder JSON dump beside the traces (told apart by content, named as PyTorch names
     it) joins each Kineto collective of the same rank, process group and Seq."""
     from diag.api import open_store
-    from diag.engine import analyze
+    from diag.engine.run import analyze
 
     truth = generate("healthy", tmp_path, world_size=2, steps=2)
     calls = [c for c in truth.to_json()["collectives"] if c["pg_name"] == "0"]

@@ -1,4 +1,4 @@
-"""Clock alignment (diag/clocks.py): which pairs it trusts, and the residuals it reports.
+"""Clock alignment (diag/timeline/clocks.py): which pairs it trusts, and the residuals it reports.
 
 The generated cases check the offsets against the generator's truth (test_cases.py, within 1 µs,
 pipeline-only layouts included); here, what it must refuse to use and what it must say."""
@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 from diag.api import analyze_path
-from diag.clocks import INCONSISTENT_NS, clock_notes, clock_offsets
-from diag.collectives import Call, Matched
-from diag.engine import AnalyzeOptions
+from diag.engine.run import AnalyzeOptions
+from diag.timeline.clocks import INCONSISTENT_NS, clock_notes, clock_offsets
+from diag.timeline.collectives import Call, Matched
 from fixtures.generate import generate
 
 

@@ -23,8 +23,8 @@ import pytest
 from helpers import run_diag
 from plain_split import mismatch, python_frames_in_gaps
 
-from diag.analysis import Finding
 from diag.api import analyze_path
+from diag.attribution.analysis import Finding
 from diag.ingest.pipeline import IngestOptions
 from rules.MFU013_idle import Idle
 from rules.MFU013_idle import Params as IdleParams
@@ -82,7 +82,7 @@ def _steps_found(report: dict[str, Any]) -> int:
     """The steps analyzed and those set aside by name (steps_excluded). These captures are real CPU
     runs: the profiler stops (and gzips its trace, in the cycles case) inside each window's last
     step, and on a loaded machine that tail can reach half a step, which makes it a teardown step
-    (diag/step_outliers.py). CI once counted 5 of the cycles' 6 steps in `steps`."""
+    (diag/timeline/step_outliers.py). CI once counted 5 of the cycles' 6 steps in `steps`."""
     return int(report["steps"]) + len({e["step"] for e in report["steps_excluded"]})
 
 

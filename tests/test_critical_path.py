@@ -1,4 +1,4 @@
-"""The cross-rank critical path (diag/critical_path.py) on generated cases whose path is known by
+"""The cross-rank critical path (diag/attribution/critical_path.py) on generated cases whose path is known by
 construction: the straggler's, the data loader's, the 1F1B pipeline's."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import pytest
 from helpers import shared_traces
 from test_cases import Run, run_case
 
-from diag import critical_path, kernels
 from diag.api import analyze_path
-from diag.engine import AnalyzeOptions
-from diag.report import path_line, render_text
-from diag.what_if import CHANGES, Change, Retimer
+from diag.attribution import critical_path
+from diag.attribution.what_if import CHANGES, Change, Retimer
+from diag.engine.run import AnalyzeOptions
+from diag.knowledge import kernels
+from diag.outputs.report import path_line, render_text
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from helpers import run_diag
 
-from diag import dtype_mix, hardware
+from diag.attribution import dtype_mix
+from diag.knowledge import hardware
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85045379072, "numSms": 132,
         "computeMajor": 9, "computeMinor": 0}

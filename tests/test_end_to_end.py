@@ -1,5 +1,5 @@
 """End to end on runs we capture ourselves: the example GPT job on the CPU (gloo, 2 processes),
-captured by diag.capture, analyzed by `diag analyze DIR` with nothing more. Each injected cause
+captured by diag.capture.profiler, analyzed by `diag analyze DIR` with nothing more. Each injected cause
 must come out as the finding that names it.
 
 What the CPU cannot show: thin GEMMs (MFU003) are measured against a GPU peak, and a CPU run has
@@ -17,7 +17,7 @@ from helpers import run_diag
 
 pytest.importorskip("torch")
 
-from diag.example import ExampleConfig, run_example  # noqa: E402
+from diag.capture.example import ExampleConfig, run_example  # noqa: E402
 
 # A model big enough that its compute, not Python overhead, fills the step.
 MODEL = {"head_dim": 32, "seq_len": 128}

@@ -12,8 +12,8 @@ import duckdb
 import pytest
 from helpers import load_json, run_diag, shared_traces
 
-from diag.perfetto import parse_ranges
-from diag.states import LANES
+from diag.outputs.perfetto import parse_ranges
+from diag.timeline.states import LANES
 from fixtures.generate import generate
 
 pytestmark = pytest.mark.xdist_group("export")

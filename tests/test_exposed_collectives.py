@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from diag.api import analyze_path
-from diag.engine import AnalyzeOptions
-from diag.links import LINKS, normalize_collective, reach, ring_steps
+from diag.engine.run import AnalyzeOptions
+from diag.knowledge.links import LINKS, normalize_collective, reach, ring_steps
 from fixtures.generate import generate
 from rules.MFU001_exposed_collectives import ExposedCollectives, Params
 

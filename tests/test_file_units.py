@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 from helpers import run_diag
 
-from diag.engine import AnalyzeOptions
+from diag.engine.run import AnalyzeOptions
 from diag.ingest.pipeline import IngestOptions
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario

@@ -1,4 +1,4 @@
-"""diag.flops against torch.utils.flop_counter.FlopCounterMode.
+"""diag.knowledge.flops against torch.utils.flop_counter.FlopCounterMode.
 
 Each case runs real ops on CPU under torch.profiler (record_shapes=True), reads the exported
 Kineto JSON the way ingest does (`Input Dims`, `Input type`, `Concrete Inputs`), and checks that
@@ -26,7 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from diag.flops import SUPPORTED_OPS, OpFlops, op_flops  # noqa: E402
+from diag.knowledge.flops import SUPPORTED_OPS, OpFlops, op_flops  # noqa: E402
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 aten = torch.ops.aten

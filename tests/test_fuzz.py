@@ -19,8 +19,8 @@ import pyarrow as pa
 import pytest
 from helpers import TRACES
 
-from diag.errors import BadInput
 from diag.ingest.pipeline import IngestOptions, Skipped, parse_into
+from diag.runtime.errors import BadInput
 
 SEED = 15
 CASES = 3000

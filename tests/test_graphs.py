@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from helpers import load_json, shared_traces
 
-from diag import store
 from diag.api import analyze_path
 from diag.ingest.pipeline import IngestOptions, ingest
-from diag.timeline import load_rank, rank_files
+from diag.runtime import store
+from diag.timeline.rank import load_rank, rank_files
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
 

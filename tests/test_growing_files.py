@@ -18,10 +18,10 @@ from typing import Any
 import duckdb
 from helpers import one, run_diag
 
-from diag import store
-from diag.engine import AnalyzeOptions
+from diag.engine.run import AnalyzeOptions
 from diag.ingest.nccl import parse_nccl_file
 from diag.ingest.pipeline import IngestOptions, ingest
+from diag.runtime import store
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
 from tui.sources import Live

@@ -1,4 +1,4 @@
-"""diag.hardware and diag.links: the figures DESIGN.md fixes, part identification, bus factors."""
+"""diag.knowledge.hardware and diag.knowledge.links: the figures DESIGN.md fixes, part identification, bus factors."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from diag import hardware
-from diag.hardware import (
+from diag.knowledge import hardware
+from diag.knowledge.hardware import (
     PARTS,
     dense_peak_tflops,
     dtype_from_trace,
@@ -19,7 +19,7 @@ from diag.hardware import (
     sparse_peak_matches,
     sparse_peak_tflops,
 )
-from diag.links import LINKS, bus_factor, normalize_collective
+from diag.knowledge.links import LINKS, bus_factor, normalize_collective
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 

@@ -14,11 +14,11 @@ PROBE = """
 import importlib, pkgutil, sys
 sys.modules["textual"] = None
 import diag, rules
-names = ["diag", "diag.cli", "diag.engine", "rules"]
+names = ["diag", "diag.cli", "diag.engine.run", "rules"]
 for pkg in (diag, rules):
     names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
 # The TUI's data layer (queries, snapshots, sources) and its command registration are headless too.
-names += ["tui.commands", "tui.queries", "tui.raster", "tui.snapshot", "tui.sources"]
+names += ["diag.tui_commands", "tui.queries", "tui.raster", "tui.snapshot", "tui.sources"]
 for name in names:
     importlib.import_module(name)
 from diag.cli import build_parser

@@ -1,6 +1,6 @@
 """Imports flow one way (STYLE.md 14): the command layer is a tree, not a circle. The CLI builds the
 parser and imports the commands; the commands import the core; nothing imports the CLI; the gate's
-comparison (diag/gate.py) and its renderers never import a command module."""
+comparison (diag/outputs/gate.py) and its renderers never import a command module."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("diag", "rules", "tui", "fixtures")
-COMMAND_LAYER = ("diag.cli", "diag.commands", "diag.gate", "diag.gate_output", "tui.commands", "diag.mfu",
-                 "diag.capture", "diag.example.launch", "diag.api")
-CLI = ("diag.cli", "diag.commands", "tui.commands")
+COMMAND_LAYER = ("diag.cli", "diag.commands", "diag.outputs.gate", "diag.outputs.gate_output", "diag.tui_commands", "diag.knowledge.mfu",
+                 "diag.capture.profiler", "diag.capture.example.launch", "diag.api")
+CLI = ("diag.cli", "diag.commands", "diag.tui_commands")
 
 
 def _modules() -> dict[str, Path]:
@@ -98,5 +98,5 @@ def test_nothing_imports_the_cli_and_the_core_imports_no_command() -> None:
 def test_the_graph_sees_imports_inside_functions() -> None:
     """The check is only as good as the graph: the lazy imports the handlers make are in it."""
     graph = _graph()
-    assert {"diag.gate", "diag.gate_output", "diag.api"} <= graph["diag.commands"]
-    assert "diag.commands" in graph["tui.commands"] and "tui.commands" in graph["diag.cli"]
+    assert {"diag.outputs.gate", "diag.outputs.gate_output", "diag.api"} <= graph["diag.commands"]
+    assert "diag.commands" in graph["diag.tui_commands"] and "diag.tui_commands" in graph["diag.cli"]

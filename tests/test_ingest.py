@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 from helpers import kineto_traces, load_json, one, run_diag, shared_traces
 
-from diag import store
 from diag.ingest.kineto import EVENT_TABLES, parse_pg_ranks
 from diag.ingest.pipeline import IngestOptions, ingest
+from diag.runtime import store
 
 RUNTIME = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
 

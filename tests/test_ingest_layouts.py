@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from helpers import load_json, run_diag, shared_traces
 
-from diag import store
 from diag.api import analyze_path
-from diag.errors import BadInput
 from diag.ingest.discover import NameParts, name_parts
 from diag.ingest.merged import rank_map
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.ingest.sniff import trace_format
+from diag.runtime import store
+from diag.runtime.errors import BadInput
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
 

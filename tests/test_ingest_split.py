@@ -17,10 +17,10 @@ import pyarrow as pa
 import pytest
 from helpers import kineto_traces
 
-from diag import store
 from diag.ingest import kineto, source
 from diag.ingest.forked import Claims, Part, SecondHalf
 from diag.ingest.pipeline import IngestOptions, ingest
+from diag.runtime import store
 
 TABLES = (*kineto.EVENT_TABLES, "collective_args")
 

@@ -1,4 +1,4 @@
-"""diag.kernels: kernel names from real traces and from each library's naming."""
+"""diag.knowledge.kernels: kernel names from real traces and from each library's naming."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.kernels import (
+from diag.knowledge.kernels import (
     DTYPE_PATTERNS,
     PATTERNS,
     DtypePattern,

@@ -137,7 +137,7 @@ def test_the_map_pool_ends_with_a_killed_analyze(traces: Path, tmp_path: Path, s
 
 
 def test_a_live_runs_directory_is_left_alone(tmp_path: Path) -> None:
-    from diag.lifetime import run_dir, sweep
+    from diag.runtime.lifetime import run_dir, sweep
 
     with run_dir(str(tmp_path)) as mine:
         assert sweep(str(tmp_path)) == [] and Path(mine).is_dir()

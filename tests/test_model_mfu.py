@@ -1,4 +1,4 @@
-"""diag.model and diag.mfu: FLOPs per token, model files, and `diag mfu` in all three directions."""
+"""diag.knowledge.model and diag.knowledge.mfu: FLOPs per token, model files, and `diag mfu` in all three directions."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from helpers import run_diag
 
 from diag.cli import main
-from diag.errors import BadInput
-from diag.mfu import MfuResult, solve_mfu
-from diag.model import PRESETS, ModelSpec, executed_flops_per_token, flops_per_token, load_model
+from diag.knowledge.mfu import MfuResult, solve_mfu
+from diag.knowledge.model import PRESETS, ModelSpec, executed_flops_per_token, flops_per_token, load_model
+from diag.runtime.errors import BadInput
 
 # --- model -----------------------------------------------------------------------------------
 
@@ -19,7 +19,7 @@ from diag.model import PRESETS, ModelSpec, executed_flops_per_token, flops_per_t
 @pytest.mark.parametrize(
     ("preset", "params", "layers", "heads"),
     [
-        # Non-embedding parameters from the Llama 3 architecture (see diag/model.py).
+        # Non-embedding parameters from the Llama 3 architecture (see diag/knowledge/model.py).
         ("llama3-8b", 6_979_588_096, 32, 32),  # ~6.98e9
         ("llama3-70b", 68_452_360_192, 80, 64),  # ~68.5e9
         ("llama3-405b", 401_650_696_192, 126, 128),  # ~404e9 with the output projection

@@ -28,10 +28,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from diag.errors import BadInput
 from diag.ingest.nccl import NCCL_OPS_SCHEMA, NcclParse, detect_kind, normalize_collective, parse_nccl_file
 from diag.ingest.nccl_profiler import loads_lenient
 from diag.ingest.safe_pickle import load_plain
+from diag.runtime.errors import BadInput
 
 DATA = Path(__file__).parent / "data" / "nccl"
 FR_JSON = DATA / "fr_dump_rank3.json"

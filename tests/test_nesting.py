@@ -1,4 +1,4 @@
-"""The vectorized span nesting (diag/nesting.py) against the one-op-at-a-time stack it replaced,
+"""The vectorized span nesting (diag/timeline/nesting.py) against the one-op-at-a-time stack it replaced,
 on random threads of spans with ties, zero-length spans and broken nesting. (The phases and
 launching ops it gives on real traces are test_timeline_real's.)"""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diag.nesting import containing, distinct, innermost_pieces, nearest_at_least, parents
+from diag.timeline.nesting import containing, distinct, innermost_pieces, nearest_at_least, parents
 
 
 def stack_parents(tid: list[int], ts: list[int], end: list[int]) -> list[int]:

@@ -1,4 +1,4 @@
-"""The `diag` command never imports pandas (diag/no_pandas.py): pyarrow would, on its first array,
+"""The `diag` command never imports pandas (diag/runtime/no_pandas.py): pyarrow would, on its first array,
 when pandas is installed, and that import was 0.16–0.3 s of every `diag analyze` (issue 16).
 Checked as a user runs it: real subprocesses, parse workers included, each reporting on stderr
 every import of pyarrow or pandas that reaches Python's import system past diag's guard."""

@@ -1,4 +1,4 @@
-"""The pipeline layout from send/recv calls (diag/pipeline.py) on patterns the generator does not make:
+"""The pipeline layout from send/recv calls (diag/timeline/pipeline_layout.py) on patterns the generator does not make:
 an interleaved ring and a pipeline whose end stages were not traced. GPipe and 1F1B chains are
 checked against the generator's truth in test_cases.py."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from diag.collectives import Call
-from diag.pipeline import INTERLEAVED, UNKNOWN, detect_layout
+from diag.timeline.collectives import Call
+from diag.timeline.pipeline_layout import INTERLEAVED, UNKNOWN, detect_layout
 
 
 def _p2p(rank: int, peer: int, direction: str, ts_ns: int, group_size: int | None = None) -> Call:

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from diag import engine, store
 from diag.api import analyze_opened
-from diag.engine import AnalyzeOptions
-from diag.executor import LocalExecutor
+from diag.engine import run as engine
+from diag.engine.run import AnalyzeOptions
 from diag.ingest import pipeline
 from diag.ingest.pipeline import IngestOptions, IngestResult, ingest
+from diag.runtime import store
+from diag.runtime.executor import LocalExecutor
 from fixtures.generate import generate
 
 # Columns that differ between two ingests of the same files: when, and the numbering.
@@ -42,7 +43,7 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> type[_Counted]:
     monkeypatch.setattr(pipeline, "LocalExecutor", _Counted)
     monkeypatch.setattr(engine, "POOL_FILES", 3)
     monkeypatch.setattr(engine, "LocalExecutor", _Counted)
-    monkeypatch.setattr("diag.rank_map.BATCH_FILES", 2)
+    monkeypatch.setattr("diag.engine.rank_map.BATCH_FILES", 2)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     return _Counted
 

@@ -18,11 +18,11 @@ import pytest
 from helpers import ROOT, kineto_traces, run_diag, shared_traces
 from test_ingest_split import snapshot
 
-from diag import store
-from diag.errors import BadInput
 from diag.ingest import kineto, read_ahead, source
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
+from diag.runtime import store
+from diag.runtime.errors import BadInput
 from fixtures.generate import generate
 
 
@@ -259,7 +259,7 @@ def test_the_command_begins_a_big_files_parse_to_the_same_report(tmp_path: Path)
 # there, with SPLIT_BYTES lowered), then a whole parse, each table built as the child builds them.
 _PARSE_ONLY = """
 import sys
-from diag.no_pandas import keep_pandas_out
+from diag.runtime.no_pandas import keep_pandas_out
 keep_pandas_out()
 from diag.ingest import kineto, read_ahead
 from diag.ingest.source import DEFAULT_MAX_BYTES, read_source

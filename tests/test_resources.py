@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 from isal import isal_zlib
 
-from diag.errors import BadInput
 from diag.ingest import source
 from diag.ingest.safe_pickle import MAX_ELEMENTS, load_plain
+from diag.runtime.errors import BadInput
 
 MB = 1024**2
 
 _MEASURE = """
 import json, os, sys
-from diag.errors import BadInput
+from diag.runtime.errors import BadInput
 from diag.ingest import source, flight_recorder
 
 def status_mb(key):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diag import gemm_shape, hardware
-from diag.nesting import overlapped, points_within
+from diag.attribution import gemm_shape
+from diag.knowledge import hardware
+from diag.timeline.nesting import overlapped, points_within
 from rules.MFU009_slow_gemms import causes_of
 from rules.MFU011_copies import advice_for
 from rules.MFU012_unfused_elementwise import chain_gain
@@ -77,7 +78,7 @@ def test_reachable_is_the_roofline_capped_at_the_ceiling() -> None:
 
 @pytest.mark.parametrize("row", list(gemm_shape.CEILINGS.values()), ids=lambda r: r.part)
 def test_ceiling_table_row_by_row(row: gemm_shape.Ceiling) -> None:
-    assert row.part in hardware.PARTS, f"{row.part}: not a part key in diag/hardware.py"
+    assert row.part in hardware.PARTS, f"{row.part}: not a part key in diag/knowledge/hardware.py"
     assert 0.3 <= row.ceiling <= 1.0 and row.source and row.example
     # The example kernel's name carries the row's tile.
     assert gemm_shape.tile_of(row.example, None) == (row.tile_m, row.tile_n)

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from helpers import one, run_diag
 
-from diag import store
-from diag.engine import AnalyzeOptions, analyze
-from diag.executor import make_executor
+from diag.engine.run import AnalyzeOptions, analyze
 from diag.ingest.kineto import EVENT_TABLES, read_kineto
 from diag.ingest.pipeline import IngestOptions, ingest
-from diag.report import build_report
-from diag.timeline import RankTimeline
+from diag.outputs.report import build_report
+from diag.runtime import store
+from diag.runtime.executor import make_executor
+from diag.timeline.rank import RankTimeline
 from fixtures.generate import generate
 
 WORKERS = 2

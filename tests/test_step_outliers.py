@@ -1,4 +1,4 @@
-"""Warm-up and teardown steps (diag/step_outliers.py) on hand-made step windows, the durations the
+"""Warm-up and teardown steps (diag/timeline/step_outliers.py) on hand-made step windows, the durations the
 report prints, and --all-steps through the CLI."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 from helpers import run_diag
 
-from diag.durations import duration, percent
-from diag.step_outliers import excluded_steps
-from diag.timeline import Steps
+from diag.runtime.durations import duration, percent
+from diag.timeline.rank import Steps
+from diag.timeline.step_outliers import excluded_steps
 from fixtures.generate import generate
 
 MS = 1_000_000

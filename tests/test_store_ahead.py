@@ -9,8 +9,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from diag import store
-from diag.errors import BadInput
+from diag.runtime import store
+from diag.runtime.errors import BadInput
 
 
 def tables(con: duckdb.DuckDBPyConnection) -> list[str]:

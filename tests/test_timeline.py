@@ -16,13 +16,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from diag import rank_map, store
-from diag.engine import map_ranks
-from diag.executor import LocalExecutor
+from diag.attribution.tables import combined
+from diag.engine import rank_map
+from diag.engine.rank_map import map_elsewhere
+from diag.engine.run import map_ranks
 from diag.ingest.pipeline import IngestOptions, ingest
-from diag.rank_map import map_elsewhere
-from diag.tables import combined
-from diag.timeline import load_rank, load_ranks, rank_files
+from diag.runtime import store
+from diag.runtime.executor import LocalExecutor
+from diag.timeline.rank import load_rank, load_ranks, rank_files
 from fixtures.generate import generate
 from rules import RULES
 

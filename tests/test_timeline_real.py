@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers import shared_traces
 
-from diag import store
 from diag.ingest.pipeline import IngestOptions, ingest
-from diag.sweep import sweep
-from diag.timeline import load_rank, rank_files
+from diag.runtime import store
+from diag.timeline.rank import load_rank, rank_files
+from diag.timeline.sweep import sweep
 
 HTA_CASES = [
     "HolisticTraceAnalysis/tests/data/trace_filter",            # two ranks of a 128-rank job

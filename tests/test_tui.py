@@ -21,7 +21,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable
 from textual.worker import WorkerCancelled
 
-from diag.engine import AnalyzeOptions
+from diag.engine.run import AnalyzeOptions
 from diag.ingest.pipeline import IngestOptions
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
@@ -335,10 +335,10 @@ async def test_timeline_highlights_the_critical_path(loaded: Loaded) -> None:
 
 @sync
 async def test_overview_names_what_holds_the_critical_path(loaded: Loaded) -> None:
-    """The Overview's path line is the text report's (diag.report.path_line), here rank 2's."""
+    """The Overview's path line is the text report's (diag.outputs.report.path_line), here rank 2's."""
     from textual.widgets import Static
 
-    from diag.report import path_line
+    from diag.outputs.report import path_line
 
     app = make_app(loaded)
     async with app.run_test(size=(120, 40)) as pilot:

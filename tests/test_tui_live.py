@@ -17,7 +17,7 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import Static
 
-from diag.engine import AnalyzeOptions
+from diag.engine.run import AnalyzeOptions
 from diag.ingest.pipeline import IngestOptions
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario

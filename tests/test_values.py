@@ -12,8 +12,8 @@ import duckdb
 import pytest
 from helpers import one, run_diag, shared_traces
 
-from diag.errors import BadInput
 from diag.ingest.kineto import read_kineto
+from diag.runtime.errors import BadInput
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diag import store
 from diag.ingest.pipeline import IngestOptions, ingest
-from diag.timeline import RankTimeline, load_rank, rank_files
+from diag.runtime import store
+from diag.timeline.rank import RankTimeline, load_rank, rank_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cpu_captures")]
 

@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import ContentSwitcher, Footer, ProgressBar, Static
 from textual.worker import get_current_worker
 
-from diag.errors import BadInput, ExitCode
+from diag.runtime.errors import BadInput, ExitCode
 from tui.snapshot import Snapshot
 from tui.sources import Live, Loader, Store
 from tui.views.base import Jump, View

@@ -9,7 +9,7 @@ STATE_ORDER = ("compute", "comm", "copy", "idle")
 # The critical path, drawn over the GPU lanes where they show no work (the path's idle and host time).
 PATH_COLOR = "#ffd54f"
 
-# Host phases (diag/phases.py PHASES).
+# Host phases (diag/timeline/phases.py PHASES).
 PHASE_COLORS = {
     "forward": "#1e88e5", "backward": "#f4511e", "recompute": "#d81b60",
     "optimizer": "#00897b", "dataloader": "#fdd835", "other": "#9e9e9e", "sync": "#8d6e63",

@@ -16,7 +16,7 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
-from diag.ledger import BUCKETS
+from diag.attribution.ledger import BUCKETS
 
 # A DataTable fills at ~6k rows/s (DESIGN.md: 10k rows ≈ 1.6 s): ≤ 1k rows stays under ~0.2 s.
 MAX_ROWS = 1000
@@ -258,7 +258,7 @@ class Place:
 
 
 def resolve(cur: duckdb.DuckDBPyConnection, evidence_id: str) -> Place:
-    """An evidence id of a finding (diag.analysis.Finding) → the place that shows it."""
+    """An evidence id of a finding (diag.attribution.analysis.Finding) → the place that shows it."""
     kind, _, rest = evidence_id.partition(":")
     try:
         if kind == "act":

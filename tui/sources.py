@@ -19,13 +19,13 @@ from typing import Protocol
 import duckdb
 import msgspec
 
-from diag import store
 from diag.api import Opened, analyze_opened, open_store
-from diag.digest import RankDigest
-from diag.engine import AnalyzeOptions
-from diag.errors import BadInput, printable
+from diag.attribution.digest import RankDigest
+from diag.engine.run import AnalyzeOptions
 from diag.ingest.discover import discover
 from diag.ingest.pipeline import IngestOptions, ingest
+from diag.runtime import store
+from diag.runtime.errors import BadInput, printable
 from tui import queries
 from tui.snapshot import LiveStatus, PendingFile, Snapshot, analyzed, empty
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from diag.errors import BadInput
+from diag.runtime.errors import BadInput
 
 # .log: NCCL Inspector writes `<hostname>-pid<pid>.log`; content decides whether it is one.
 _TRACE_SUFFIXES = (".json", ".json.gz", ".ndjson", ".jsonl", ".log", ".log.gz")

@@ -42,7 +42,6 @@ import os
 import re
 from collections.abc import Mapping
 
-from diag.errors import BadInput
 from diag.ingest.nccl import (
     Fields,
     JsonLimit,
@@ -56,6 +55,7 @@ from diag.ingest.nccl import (
     scaled_ns,
 )
 from diag.ingest.safe_pickle import MAX_ELEMENTS, load_plain
+from diag.runtime.errors import BadInput
 
 # Bytes per element, by c10::toString(ScalarType) as the dump writes dtypes (c10/core/ScalarType.h).
 _DTYPE_BYTES = {

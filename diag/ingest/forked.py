@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from diag.lifetime import die_with_parent, scratch_dir
+from diag.runtime.lifetime import die_with_parent, scratch_dir
 
 
 class Part(NamedTuple):

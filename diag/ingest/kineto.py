@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from diag.errors import BadInput
+from diag.runtime.errors import BadInput
 
 if TYPE_CHECKING:
     from diag.ingest.forked import Claims, Part, SecondHalf
@@ -1077,7 +1077,7 @@ def _table(name: str, bad: Counter[str], cols: dict[str, Any]) -> pa.Table:
 @cache
 def _empty_table(name: str) -> pa.Table:
     """Built on first use, not at import: an Arrow array built before `diag` keeps pandas out
-    (diag/no_pandas.py) would import pandas."""
+    (diag/runtime/no_pandas.py) would import pandas."""
     return SCHEMAS[name].empty_table()
 
 

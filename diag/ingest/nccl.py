@@ -30,7 +30,7 @@ import msgspec
 import pyarrow as pa
 from msgspec.structs import fields
 
-from diag.errors import BadInput
+from diag.runtime.errors import BadInput
 
 # detect_kind looks at this much of the (decompressed) file.
 HEAD_BYTES = 4096

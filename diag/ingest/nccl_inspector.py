@@ -35,7 +35,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from diag.errors import BadInput
 from diag.ingest.nccl import (
     Fields,
     JsonLimit,
@@ -47,6 +46,7 @@ from diag.ingest.nccl import (
     normalize_collective,
     single_rank,
 )
+from diag.runtime.errors import BadInput
 
 
 def parse(path: str, data: bytes, resume: Resume | None = None) -> SourceParse:

@@ -44,7 +44,6 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 
-from diag.errors import BadInput
 from diag.ingest.nccl import (
     Fields,
     JsonLimit,
@@ -58,6 +57,7 @@ from diag.ingest.nccl import (
     scaled_ns,
     single_rank,
 )
+from diag.runtime.errors import BadInput
 
 _TOKEN = re.compile(
     r"(?P<space>\s+)"

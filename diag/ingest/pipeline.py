@@ -1,7 +1,7 @@
 """`diag ingest`: files → parse → DuckDB, one transaction per file, memory bounded per file.
 
 A file is parsed in chunks (kineto.read_kineto). With one worker the chunks stream straight into
-the store; with several, each worker (a spawned process, or a Ray task: diag/executor.py) parses
+the store; with several, each worker (a spawned process, or a Ray task: diag/runtime/executor.py) parses
 whole files and spills their chunks to Parquet, which the parent (the one writer DuckDB allows)
 loads in one transaction per file. A bad file leaves nothing behind and never blocks the good
 ones; a file whose content hash is already in the store adds 0 rows. A file seen again at a
@@ -27,9 +27,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from msgspec.structs import replace
 
-from diag import store
-from diag.errors import BadInput, printable
-from diag.executor import LocalExecutor, make_executor
 from diag.ingest import read_ahead
 from diag.ingest.discover import discover, rank_from_name
 from diag.ingest.forked import can_split
@@ -46,7 +43,10 @@ from diag.ingest.merged import rank_map
 from diag.ingest.ranks import assign_by_process
 from diag.ingest.sniff import AMBIGUOUS, trace_format
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
-from diag.lifetime import run_dir
+from diag.runtime import store
+from diag.runtime.errors import BadInput, printable
+from diag.runtime.executor import LocalExecutor, make_executor
+from diag.runtime.lifetime import run_dir
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -75,7 +75,7 @@ class IngestOptions(msgspec.Struct, frozen=True):
     max_bytes: int = DEFAULT_MAX_BYTES
     rank: int | None = None   # --rank: for a single file whose trace and name carry none
     jobs: int | None = None   # worker processes; default: one per core (local) or per cluster CPU (ray)
-    executor: str = "local"   # where workers run: diag.executor.EXECUTORS
+    executor: str = "local"   # where workers run: diag.runtime.executor.EXECUTORS
     # Where workers write their Parquet spills (default: the system's temporary directory). With
     # Ray on several machines it must be storage every node and the parent see at the same path.
     spill_dir: str | None = None
@@ -394,7 +394,7 @@ def ingest(
     # Ray was asked for by name: its tasks run even where one local process would be quicker.
     workers = bool(files) and (jobs > 1 or opts.executor != "local")
     # Every temporary file of this run (spills, a split file's second half) in one directory,
-    # removed at the end, or by the next run if this one is killed (diag/lifetime.py).
+    # removed at the end, or by the next run if this one is killed (diag/runtime/lifetime.py).
     # The parse takes --jobs cores (by default all of them: workers, or a big file's two halves).
     with run_dir(opts.spill_dir) as scratch, store.appending(con, opts.jobs or os.cpu_count() or 1):
         opts = replace(opts, spill_dir=scratch)

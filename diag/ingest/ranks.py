@@ -21,10 +21,10 @@ import duckdb
 import msgspec
 from msgspec.structs import replace
 
-from diag import store
-from diag.errors import BadInput
 from diag.ingest.discover import name_parts
 from diag.ingest.kineto import SCHEMAS
+from diag.runtime import store
+from diag.runtime.errors import BadInput
 
 # Captures of one run's ranks overlap, or follow each other by the seconds to minutes between
 # profiler cycles; a capture of another process an hour from any other is another run.

@@ -33,7 +33,6 @@ import stat
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from diag.errors import BadInput
 from diag.ingest.source import (
     GZIP_MAGIC,
     IN_MEMORY_BYTES,
@@ -42,6 +41,7 @@ from diag.ingest.source import (
     read_source,
     trailer_size,
 )
+from diag.runtime.errors import BadInput
 
 if TYPE_CHECKING:
     from diag.ingest.kineto import Begun
@@ -151,7 +151,9 @@ def start(path: str, max_bytes: int, salvage: bool) -> None:
         code = 1
         try:
             os.close(r)
-            from diag.lifetime import die_with_parent  # here: ctypes and threading cost `diag --help` 4 ms
+            from diag.runtime.lifetime import (
+                die_with_parent,  # here: ctypes and threading cost `diag --help` 4 ms
+            )
 
             die_with_parent(parent)
             src = read_source(path, max_bytes, salvage, into=buf)

@@ -21,7 +21,7 @@ import pickle
 import struct
 from collections.abc import Iterator
 
-from diag.errors import BadInput
+from diag.runtime.errors import BadInput
 
 _CONTAINERS = (dict, list, tuple)
 _LEAVES = (str, int, float, bool, type(None))

@@ -22,7 +22,7 @@ from typing import IO, cast
 
 from isal import isal_zlib
 
-from diag.errors import BadInput
+from diag.runtime.errors import BadInput
 
 
 def _default_max_bytes() -> int:

@@ -83,7 +83,7 @@ SELECT c.rank, c.step, c.pg_name, c.collective, c.seq, c.ts_ns, c.end_ns, c.wait
 FROM collectives c
 JOIN nccl_ops n ON n.rank = c.rank AND n.pg_name = c.pg_name AND n.seq = c.seq AND n.source = 'flight_recorder';
 
--- The cross-rank critical path of each step (diag/critical_path.py, docs/critical_path.md): its
+-- The cross-rank critical path of each step (diag/attribution/critical_path.py, docs/critical_path.md): its
 -- segments in time order, adjacent ones of one rank and kind merged. Times on the aligned clock.
 CREATE OR REPLACE TABLE critical_path (
     step      INTEGER,     -- N of ProfilerStep#N

@@ -1,4 +1,4 @@
--- `diag export --perfetto` (diag/perfetto.py): the source events of one rank as Chrome trace-event
+-- `diag export --perfetto` (diag/outputs/perfetto.py): the source events of one rank as Chrome trace-event
 -- JSON objects, one per row, on the aligned clock. docs/export.md gives the track layout.
 
 -- Every thread of the export: per rank, the GPU streams (device, stream) and the CPU threads

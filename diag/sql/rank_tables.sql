@@ -1,5 +1,5 @@
 -- diag analysis tables, per trace file (rank and capture window): filled by the map step of
--- `diag analyze` one file at a time (diag/engine.py). Recreated by a full analysis; a live
+-- `diag analyze` one file at a time (diag/engine/run.py). Recreated by a full analysis; a live
 -- session adds the rows of each new file only.
 -- Times are ns on the rank's own clock. docs/ledger.md gives the arithmetic.
 
@@ -25,7 +25,7 @@ CREATE OR REPLACE TABLE activities (
     step        INTEGER,       -- the step whose CPU span launched it (NULL: launched outside any)
     source      VARCHAR,       -- 'kernel' | 'memcpy' | 'memset'
     name        VARCHAR,
-    kclass      VARCHAR,       -- gemm | attention | comm | copy | memset | other (diag/kernels.py)
+    kclass      VARCHAR,       -- gemm | attention | comm | copy | memset | other (diag/knowledge/kernels.py)
     collective  VARCHAR,       -- for comm kernels: allreduce, allgather, ..., sendrecv
     stream      BIGINT,
     ts_ns       BIGINT,
@@ -35,7 +35,7 @@ CREATE OR REPLACE TABLE activities (
     launch_end_ns BIGINT,
     op_name     VARCHAR,       -- innermost CPU op above the launch (External id)
     phase       VARCHAR,       -- forward | backward | recompute | optimizer | dataloader | other
-    flops       DOUBLE,        -- from the op's shapes (diag/flops.py), split over its matmul kernels
+    flops       DOUBLE,        -- from the op's shapes (diag/knowledge/flops.py), split over its matmul kernels
     gemm_m      BIGINT,
     gemm_n      BIGINT,
     gemm_k      BIGINT,

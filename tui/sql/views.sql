@@ -28,7 +28,7 @@ WHERE g.step = $step AND list_contains($ranks, g.rank)
 ORDER BY g.rank, g.start_ns;
 
 -- name: lane_path
--- The step's critical path (diag/critical_path.py) on some ranks: the time of each rank the step
+-- The step's critical path (diag/attribution/critical_path.py) on some ranks: the time of each rank the step
 -- waited on, with its kind (compute|comm|wait|copy|idle|host). Already aligned.
 SELECT rank, start_ns, end_ns, kind
 FROM critical_path

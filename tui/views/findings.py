@@ -11,8 +11,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from diag.durations import percent
-from diag.what_if import what_if_words
+from diag.attribution.what_if import what_if_words
+from diag.runtime.durations import percent
 from tui import queries
 from tui.queries import Place, fmt_ranks, fmt_seconds
 from tui.snapshot import Snapshot

@@ -13,8 +13,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from diag.durations import percent
-from diag.report import path_line, peak_label
+from diag.outputs.report import path_line, peak_label
+from diag.runtime.durations import percent
 from tui.queries import fmt_seconds
 from tui.snapshot import LiveStatus, Snapshot
 from tui.views.base import Jump, View, right

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from rich.text import Text
 from textual.widget import Widget
 
-from diag.ledger import BUCKETS
+from diag.attribution.ledger import BUCKETS
 
 # Colour by where the time went: compute kernels, communication, an idle GPU, copies.
 _GROUP_COLORS = {

@@ -1,0 +1,181 @@
+"""What the rules see and what they produce: step and run contexts, findings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from diag.attribution import gemm_shape
+from diag.attribution.digest import RankDigest
+from diag.attribution.ledger import StepLedger
+from diag.knowledge.hardware import Part
+from diag.timeline.clocks import ClockOffset
+from diag.timeline.collectives import Matched
+from diag.timeline.rank import RankTimeline
+from diag.timeline.states import IdleGaps, StepStates, idle_gaps
+
+
+class Peak(msgspec.Struct, frozen=True):
+    """The denominator: dense peak of the part and dtype the GEMMs ran in."""
+
+    tflops: float | None          # None: unknown part and no --peak-tflops
+    part_key: str | None
+    part_name: str | None
+    dtype: str
+    source: str                   # how it was decided, one line
+    user_tflops: float | None     # --peak-tflops as given
+    hbm_gbps: float | None
+    nvlink_gbps: float | None
+    # dtype → share of matmul FLOPs; `tflops` is their effective peak (diag/attribution/dtype_mix.py)
+    dtype_mix: Mapping[str, float] = msgspec.field(default_factory=dict)
+    bf16_tflops: float | None = None  # the part's bf16 dense peak, for mfu_bf16 when the mix is not all bf16
+
+    @property
+    def flops_per_s(self) -> float | None:
+        return None if self.tflops is None else self.tflops * 1e12
+
+    def mfu_bf16(self, mfu: float | None) -> float | None:
+        """The same model FLOPs/s against the bf16 dense peak, for comparison with published
+        figures; None when the mix is all bf16 (it would repeat MFU) or either figure is unknown."""
+        if mfu is None or self.tflops is None or self.bf16_tflops is None or set(self.dtype_mix) <= {"bf16"}:
+            return None
+        return mfu * self.tflops / self.bf16_tflops
+
+
+# A dataclass where the other records are msgspec Structs: its cached properties need an instance
+# __dict__, and a Struct's (dict=True) crashed the garbage collector in a test run on CPython 3.11.
+@dataclass(frozen=True)
+class RankContext:
+    """What a rule sees of one rank in the map step, before its timeline is dropped."""
+
+    tl: RankTimeline
+    hbm_gbps: float | None        # the part's (--gpu, or this rank's device properties), None if unknown
+    part: Part | None = None      # that part (SMs, peaks), None if unknown
+
+    @cached_property
+    def idle_gaps(self) -> IdleGaps:
+        """The GPU's idle gaps in this rank's steps: MFU010 and MFU013 both read them, built once."""
+        return idle_gaps(self.tl)
+
+    @cached_property
+    def gemm_fits(self) -> dict[int, gemm_shape.ShapeFit]:
+        """Each GEMM's shape on the part (gemm_shape.fit), by activity index, for the GEMMs with a
+        shape and FLOPs (NaN kept), in order; none where the part is unknown. MFU003 judges thin
+        shapes by it and MFU009 leaves those out: worked out once, not twice (4.8k GEMMs a rank of
+        the control trace)."""
+        tl, part = self.tl, self.part
+        if part is None:
+            return {}
+        names, moved, shapes, dtypes = tl.name, tl.bytes_moved, tl.gemm_mnk, tl.dtype
+        fits = {}
+        for i in np.flatnonzero((tl.kclass == "gemm") & ~(tl.flops <= 0)).tolist():
+            mnk = shapes[i]
+            if mnk is not None:
+                fits[i] = gemm_shape.fit(mnk, float(tl.flops[i]), moved[i], names[i] or "", part, dtypes[i])
+        return fits
+
+
+class StepContext(msgspec.Struct, frozen=True):
+    rank: RankDigest
+    index: int                    # into rank.steps
+    states: StepStates
+    peak: Peak
+
+    def digest(self, code: str) -> Any:
+        """The per-rank digest the rule `code` made of this rank in the map step."""
+        return self.rank.rules.get(code)
+
+
+class _Positional(msgspec.Struct, frozen=True):
+    """A Finding's positional fields: msgspec makes fields keyword-only by class, not one by one."""
+
+    code: str
+    slug: str
+    severity: str                 # high | medium | low | info
+    lost_fraction: float          # of step time; × 100 = the MFU points it costs in the waterfall
+    lost_s: float                 # per step, mean over ranks and steps
+    ranks: list[int]
+    steps: list[int]
+    evidence: list[str]           # ids the TUI jumps to: act:<file>:<i>, coll:<instance>, step:<rank>:<step>
+    advice: str
+    summary: str                  # one line: what was found, with the numbers
+    what_if_mfu: float | None     # the MFU if this cause were removed
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Finding(_Positional, frozen=True, kw_only=True):
+    # The ledger bucket this finding explains (None: not a time bucket, as MFU007's denominator).
+    bucket: str | None
+    # Of step time, the part a fix can plausibly win: all of an exposed collective; for GEMMs only
+    # the gap to what their shape can reach on this part. Findings are ranked by it.
+    recoverable_fraction: float
+    # The bucket-removal estimate (RunContext.what_if), kept beside a what_if_mfu re-timed on the
+    # critical path's graph (diag/attribution/what_if.py); equal where no re-timed what-if is built.
+    what_if_mfu_naive: float | None = None
+
+    @property
+    def mfu_points(self) -> float:
+        # At the dense peak the whole step would be model compute: each bucket's share of the step
+        # is the MFU points it takes from 100% (the waterfall sums to the achieved MFU).
+        return self.lost_fraction * 100
+
+    @property
+    def recoverable_points(self) -> float:
+        return self.recoverable_fraction * 100
+
+
+class RunContext(msgspec.Struct):
+    ranks: list[RankDigest]                      # one per trace file (rank and capture window)
+    ledgers: list[StepLedger]
+    states: dict[tuple[int, int], StepStates]     # (file_id, step index) → states
+    matched: list[Matched]
+    offsets: dict[int, ClockOffset]
+    peak: Peak
+    mfu: float | None
+    hfu: float | None
+    world_size: int
+    exposed_ns: dict[tuple[int, int], int]       # (file_id, activity index) → comm time with no compute beside it, less the wait for the last rank
+    notes: list[str] = msgspec.field(default_factory=list)
+    workload: str = "training"                   # "training" | "inference" (no backward pass anywhere)
+    steps_excluded: list[tuple[int, int, str]] = msgspec.field(default_factory=list)   # (rank, step, why): not in the means
+
+    @property
+    def inference(self) -> bool:
+        return self.workload == "inference"
+
+    def mean_fraction(self, bucket: str) -> float:
+        if not self.ledgers:
+            return 0.0
+        return sum(lg.fractions()[bucket] for lg in self.ledgers) / len(self.ledgers)
+
+    def mean_seconds(self, bucket: str) -> float:
+        if not self.ledgers:
+            return 0.0
+        return sum(lg.buckets[bucket] for lg in self.ledgers) / len(self.ledgers)
+
+    def what_if(self, fraction: float) -> float | None:
+        """MFU if a cause taking `fraction` of the step were removed: the same work in less time."""
+        if self.mfu is None or fraction >= 1.0:
+            return None
+        return self.mfu / (1.0 - fraction)
+
+    def involved(self, bucket: str, min_fraction: float = 0.0) -> tuple[list[int], list[int]]:
+        ranks = sorted({lg.rank for lg in self.ledgers if lg.fractions()[bucket] > min_fraction})
+        steps = sorted({lg.step for lg in self.ledgers if lg.fractions()[bucket] > min_fraction})
+        return ranks, steps
+
+
+def severity(points: float) -> str:
+    """From the MFU-relative cost in percent of the step: ≥10 high, ≥3 medium, ≥1 low, else info."""
+    if points >= 10:
+        return "high"
+    if points >= 3:
+        return "medium"
+    if points >= 1:
+        return "low"
+    return "info"

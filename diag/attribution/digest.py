@@ -1,0 +1,131 @@
+"""The map step's output: what the cross-rank step and the rules need from one rank, kept small.
+
+A rank's timeline costs about as much memory as its trace file (bench/scale.py: ~1.07 GB per GB);
+its digest keeps the steps, the collective calls, the per-step GPU states and each rule's own
+summary — kilobytes to a few MB. analyze holds one timeline at a time, so its memory does not
+grow with the number of ranks (issue 7), and live re-analysis re-maps only the files that are new.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from diag.knowledge import kernels
+from diag.timeline.collectives import Call, calls_of
+from diag.timeline.rank import MATMUL_CLASSES, RankTimeline, Steps, numpy_of
+from diag.timeline.states import I64, StateRuns, StepStates, Waitable, exposed_comm_ns, rank_states
+
+# cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math (gemm_shape.py,
+# MFU009; the dtype mix reads the same from data/kernels.toml [[gemm_dtype]]).
+TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm", re.IGNORECASE)
+
+
+class RankDigest(msgspec.Struct):
+    file_id: int
+    rank: int
+    capture_window: int
+    world_size: int | None
+    device_props: dict[str, Any] | None
+    gpus_per_node: int | None
+    host_timeline: bool
+    steps: Steps
+    calls: list[Call]
+    states: list[StepStates]            # per step; wait_ns is filled by the reduce
+    waitable: Waitable                  # where the reduce measures waits for the last rank
+    exposed_ns: dict[int, int]          # communication kernel (activity index) → time with no compute beside it
+    gemm_dtype_flops: dict[str, float]  # dtype the GEMM ran in → FLOPs (the dtype mix of the peak)
+    matmul_ns: int                      # GEMM/attention kernel time ...
+    matmul_with_flops_ns: int           # ... and the part of it whose op shapes gave FLOPs
+    matmul_name_dtype_ns: dict[str, int]  # GEMM/attention kernel time by the dtype its name says ("": none)
+    kernel_ns: int                      # all SM kernel time
+    unknown_kernel_ns: dict[str, int]   # kernel names no row of kernels.toml names → their time
+    rules: dict[str, Any] = msgspec.field(default_factory=dict)   # rule code → that rule's per-rank digest
+    backward_pass: bool = True          # RankTimeline.backward_pass: this rank trains
+    graph_kernel_ns: int = 0            # the part of kernel_ns a CUDA/HIP graph launch ran
+    graph_launches: int = 0             # graph launch calls behind them
+    # The data loader's CPU spans (own clock): the critical path calls idle time under them `host`.
+    dataloader_spans: tuple[I64, I64] = msgspec.field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+
+
+def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:
+    """One rank's digest, and its state runs (for the lanes table, written by the caller).
+
+    Sets each communication kernel's collective from its CPU-side call first: the op names it
+    better than the kernel (an NCCL send/recv kernel may be an all-to-all)."""
+    calls = name_collectives(con, tl)
+    states, runs, waitable = rank_states(tl)
+    matmul = np.isin(tl.kclass, list(MATMUL_CLASSES))
+    dur = tl.end_ns[matmul] - tl.ts_ns[matmul]
+    kernel_dur = (tl.end_ns - tl.ts_ns)[tl.kernel]
+    graph = numpy_of(tl.acts.column("graph").fill_null(False), bool)[tl.kernel]
+    digest = RankDigest(
+        tl.file_id, tl.rank, tl.capture_window, tl.world_size, tl.device_props, tl.gpus_per_node,
+        tl.host_timeline, tl.steps, calls, states, waitable, exposed_comm_ns(tl), _gemm_dtype_flops(tl),
+        int(dur.sum()), int(dur[tl.flops[matmul] > 0].sum()), _time_by_name(tl, matmul, _name_dtype),
+        int(kernel_dur.sum()), _time_by_name(tl, tl.kernel, _unknown_name), backward_pass=tl.backward_pass,
+        graph_kernel_ns=int(kernel_dur[graph].sum()),
+        graph_launches=len(set(np.asarray(tl.correlation, dtype=object)[tl.kernel][graph].tolist())),
+        dataloader_spans=tl.dataloader_spans,
+    )
+    return digest, runs
+
+
+def name_collectives(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
+    """The rank's collective calls, each communication kernel's collective set from its call."""
+    calls = calls_of(con, tl)
+    for c in calls:
+        tl.collective[c.act] = c.collective
+    return calls
+
+
+def _name_dtype(name: str) -> str | None:
+    return kernels.gemm_dtype(name) or ""
+
+
+def _unknown_name(name: str) -> str | None:
+    return name if kernels.unknown(name) else None
+
+
+def _time_by_name(tl: RankTimeline, which: npt.NDArray[np.bool_], key: Callable[[str], str | None]) -> dict[str, int]:
+    """Kernel time of the activities `which`, summed by key(name); a None key is left out."""
+    idx = np.nonzero(which)[0]
+    names = tl.acts.column("name").take(idx).to_pylist()
+    out: Counter[str] = Counter()
+    for name, ns in zip(names, (tl.end_ns[idx] - tl.ts_ns[idx]).tolist(), strict=True):
+        k = key(name or "")
+        if k is not None:
+            out[k] += int(ns)
+    return dict(out)
+
+
+def _gemm_dtype_flops(tl: RankTimeline) -> dict[str, float]:
+    """FLOPs by the dtype they ran in: the op's tensors' dtype, refined by the kernel's name where
+    the tensors cannot tell (fp32 tensors on TF32 tensor cores are tf32; fp8 held as uint8 has
+    no tensor dtype)."""
+    weight: dict[str, float] = defaultdict(float)
+    idx = np.nonzero(tl.flops > 0)[0]
+    names = [kernels.gemm_dtype(n or "") for n in tl.acts.column("name").take(idx).to_pylist()]
+    # A split-K GEMM's reduction kernel (cublasSplitKParams) says no dtype: it takes its op's GEMM's.
+    op_says: dict[int, str] = {}
+    for i, by_name in zip(idx.tolist(), names, strict=True):
+        ext = tl.op_external_id[i]
+        if by_name and ext is not None:
+            op_says.setdefault(ext, by_name)
+    for i, f, by_name in zip(idx.tolist(), tl.flops[idx].tolist(), names, strict=True):
+        d = tl.dtype[i]
+        ext = tl.op_external_id[i]
+        by_name = by_name or (op_says.get(ext) if ext is not None else None)
+        if d in (None, "fp32") and (d is None or by_name == "tf32"):
+            d = by_name
+        if d:
+            weight[d] += f
+    return dict(weight)
+
