@@ -38,7 +38,7 @@ def main() -> int:
     import numpy as np
     import orjson
 
-    from diag.engine.run import map_ranks
+    from diag.engine.map_step import map_ranks
     from diag.ingest.pipeline import IngestOptions, ingest
     from diag.runtime import store
     from diag.timeline.clocks import clock_offsets

@@ -167,7 +167,7 @@ def _gate(p: argparse.ArgumentParser) -> None:
     p.description = ("Compare CURRENT with --baseline BASE and fail (exit 1) when MFU, a ledger bucket or a "
                      "rule's findings got worse beyond the budget and beyond the baseline's step-to-step noise. "
                      "Exit 2: bad input. See docs/gate.md.")
-    p.add_argument("current", help="the new run: a diag.outputs.report/1 JSON (diag analyze --format json), a trace "
+    p.add_argument("current", help="the new run: a diag.report/1 JSON (diag analyze --format json), a trace "
                                    "directory, or a diag DuckDB file")
     p.add_argument("--baseline", required=True, help="the reference run, in any of the same forms")
     p.add_argument("--budget", default=None, help="budget TOML (default: 1 MFU point, 1 point per bucket, "

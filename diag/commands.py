@@ -20,6 +20,7 @@ from diag.runtime.errors import BadInput, ExitCode, printable
 if TYPE_CHECKING:
     from diag.engine.run import AnalyzeOptions
     from diag.ingest.pipeline import IngestOptions
+    from diag.outputs.gate import Run
 
 
 # ----------------------------------------------------------------------------- shared options
@@ -179,8 +180,8 @@ def run_gate(args: argparse.Namespace) -> int:
     try:
         budget = gate.load_budget(args.budget)
         opts, iopts = analyze_options(args), ingest_options(args)
-        base = gate.load_run(args.baseline, opts, iopts)
-        cur = gate.load_run(args.current, opts, iopts, args.db)   # --db keeps the current run's store for `diag tui`
+        base = load_run(args.baseline, opts, iopts)
+        cur = load_run(args.current, opts, iopts, args.db)   # --db keeps the current run's store for `diag tui`
         found = tuple(gate.mismatches(base.report, cur.report))
         if found and not args.allow_mismatch:
             raise BadInput(cur.path, f"not comparable with the baseline {base.path}: {'; '.join(found)}; "
@@ -211,3 +212,24 @@ def _write(path: str, text: str, append: bool = False) -> None:
             f.write(text)
     except OSError as e:
         raise BadInput(path, f"cannot write: {e.strerror or e}") from e
+
+
+def load_run(path: str, opts: AnalyzeOptions, ingest_opts: IngestOptions, db: str | None = None) -> Run:
+    """A report from PATH for the gate: read as a `diag.report/1` JSON (the fast path: no DuckDB, no
+    analysis imported), or analyzed from traces or a diag DuckDB file; `db` keeps what is ingested."""
+    from diag.outputs.gate import Run, check_report, read_report_json
+
+    p = Path(path)
+    if not p.exists():
+        raise BadInput(path, "no such file or directory")
+    doc = None if p.is_dir() or is_duckdb_file(p) else read_report_json(p)
+    if doc is None or (isinstance(doc, dict) and "traceEvents" in doc):
+        import json
+
+        from diag.api import analyze_path
+        from diag.outputs.report import to_json
+
+        _, report = analyze_path(path, db, opts, ingest_opts)
+        # Through JSON, so the gate sees exactly what `diag analyze --format json` would have written.
+        doc = json.loads(to_json(report))
+    return Run(path, check_report(doc, path))

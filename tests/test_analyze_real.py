@@ -1,6 +1,6 @@
 """`diag analyze` on every real trace in ../shared/traces: it runs to the end, the ledger sums to
 each step, its GPU-state split equals an independent sweep of the JSON (tests/plain_split.py)
-within half a point, and the JSON is the diag.outputs.report/1 contract."""
+within half a point, and the JSON is the diag.report/1 contract."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_analyze_runs_to_the_end_and_the_ledger_sums(trace: Path) -> None:
         assert sum(lg.buckets.values()) == pytest.approx(lg.window_s, rel=1e-9, abs=1e-12)
         assert min(lg.buckets.values()) >= 0
     assert sum(report["ledger"].values()) == pytest.approx(1.0, abs=0.01)
-    assert set(report) >= CONTRACT and report["schema"] == "diag.outputs.report/1"
+    assert set(report) >= CONTRACT and report["schema"] == "diag.report/1"
     assert set(report["ledger"]) == set(BUCKETS)
     [rank] = report["ranks"]
     assert mismatch(report, {rank: [trace]}) == {}

@@ -318,7 +318,7 @@ def test_junit_check_catches_what_ci_rejects(healthy: Report, gate: Callable[...
 
 def test_junit_reports_bad_input_as_an_error(gate: Callable[..., Result], tmp_path: Path) -> None:
     junit = tmp_path / "gate.xml"
-    cur = write(tmp_path / "cur.json", {"schema": "diag.outputs.report/1"})
+    cur = write(tmp_path / "cur.json", {"schema": "diag.report/1"})
     assert gate("--baseline", tmp_path / "missing.json", cur, "--junit", junit).code == 2
     root = assert_valid_junit(junit.read_text())
     assert root.get("errors") == "1" and "missing.json" in junit.read_text()
@@ -425,7 +425,7 @@ def test_bad_budget_exits_2_naming_it(healthy: Report, gate: Callable[..., Resul
 def test_json_output_is_complete(healthy: Report, gate: Callable[..., Result], tmp_path: Path) -> None:
     base = write(tmp_path / "base.json", healthy)
     doc = as_json(gate("--baseline", base, base, "--format", "json"))
-    assert doc["schema"] == "diag.outputs.gate/1" and doc["verdict"] == "pass" and doc["exit_code"] == 0
+    assert doc["schema"] == "diag.gate/1" and doc["verdict"] == "pass" and doc["exit_code"] == 0
     assert [c["name"] for c in doc["checks"]] == ["mfu", *BUCKETS]
     assert [r["code"] for r in doc["rules"]] == [r.code for r in _rules()]
     assert doc["baseline"]["world_size"] == 2 and doc["baseline"]["steps"] == 3
@@ -449,15 +449,15 @@ def test_unknown_mfu_is_skipped_not_failed(healthy: Report, gate: Callable[..., 
 def bad_inputs(tmp_path: Path, healthy: Report) -> dict[str, tuple[Path, str]]:
     """Each kind of bad baseline and what its one line must say."""
     not_json = tmp_path / "garbled.json"
-    not_json.write_text('{"schema": "diag.outputs.report/1", "world_size": 8,, }')
-    other_schema = write(tmp_path / "v2.json", {**healthy, "schema": "diag.outputs.report/2"})
+    not_json.write_text('{"schema": "diag.report/1", "world_size": 8,, }')
+    other_schema = write(tmp_path / "v2.json", {**healthy, "schema": "diag.report/2"})
     no_ledger = copy.deepcopy(healthy)
     del no_ledger["ledger"]["memcpy"]
     return {
         "missing": (tmp_path / "nope.json", "no such file or directory"),
         "not JSON": (not_json, "not JSON (Expecting property name enclosed in double quotes)"),
-        "schema": (other_schema, "schema 'diag.outputs.report/2', but diag gate reads 'diag.outputs.report/1'"),
-        "a list": (write(tmp_path / "list.json", [1, 2]), "a JSON list, not a diag.outputs.report/1 document"),
+        "schema": (other_schema, "schema 'diag.report/2', but diag gate reads 'diag.report/1'"),
+        "a list": (write(tmp_path / "list.json", [1, 2]), "a JSON list, not a diag.report/1 document"),
         "wrong type": (write(tmp_path / "t.json", {**healthy, "steps": "three"}), "Expected `int`, got `str`"),
         "incomplete ledger": (write(tmp_path / "l.json", no_ledger), "ledger lacks bucket(s) memcpy"),
     }

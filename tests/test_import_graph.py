@@ -1,17 +1,21 @@
-"""Imports flow one way (STYLE.md 14): the command layer is a tree, not a circle. The CLI builds the
-parser and imports the commands; the commands import the core; nothing imports the CLI; the gate's
-comparison (diag/outputs/gate.py) and its renderers never import a command module."""
+"""Imports flow one way (STYLE.md 14): the stages are layers (the import-linter contracts in
+pyproject.toml: cli > tui > api > outputs > engine > rules > attribution > timeline >
+ingest|capture > knowledge > runtime), and no module imports a module that imports it, at the top
+or inside a function."""
 
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("diag", "rules", "tui", "fixtures")
-COMMAND_LAYER = ("diag.cli", "diag.commands", "diag.outputs.gate", "diag.outputs.gate_output", "diag.tui_commands", "diag.knowledge.mfu",
-                 "diag.capture.profiler", "diag.capture.example.launch", "diag.api")
-CLI = ("diag.cli", "diag.commands", "diag.tui_commands")
+LINT_IMPORTS = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
 
 
 def _modules() -> dict[str, Path]:
@@ -82,21 +86,39 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_the_command_layer_has_no_cycle() -> None:
-    cycles = [c for c in _cycles(_graph()) if set(c) & set(COMMAND_LAYER)]
-    assert not cycles, f"modules of the command layer import each other in a circle: {cycles}"
+
+def test_no_module_imports_a_module_that_imports_it() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, f"modules that import each other in a circle: {cycles}"
 
 
-def test_nothing_imports_the_cli_and_the_core_imports_no_command() -> None:
-    graph = _graph()
-    assert not [m for m, deps in graph.items() if "diag.cli" in deps]
-    below = [m for m in graph if m not in CLI and m not in ("diag.cli",)]
-    upward = {m: sorted(graph[m] & set(CLI)) for m in below if graph[m] & set(CLI)}
-    assert not upward, f"core modules importing a command module: {upward}"
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    if not Path(LINT_IMPORTS).exists():
+        pytest.skip("lint-imports (import-linter, a dev dependency) is not installed")
+    return subprocess.run([LINT_IMPORTS, "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root,
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)})
+
+
+def test_the_stage_contracts_hold() -> None:
+    proc = _lint_imports(ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "Contracts: 2 kept, 0 broken." in proc.stdout
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path: Path) -> None:
+    """The contract is not vacuous: the knowledge layer reaching up into the outputs fails it."""
+    for pkg in ("diag", "rules", "tui"):
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    hardware = tmp_path / "diag" / "knowledge" / "hardware.py"
+    hardware.write_text(hardware.read_text() + "\nfrom diag.outputs import report  # noqa: E402,F401\n")
+    proc = _lint_imports(tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "diag.knowledge.hardware -> diag.outputs.report" in proc.stdout
 
 
 def test_the_graph_sees_imports_inside_functions() -> None:
-    """The check is only as good as the graph: the lazy imports the handlers make are in it."""
+    """The cycle check is only as good as the graph: the lazy imports the handlers make are in it."""
     graph = _graph()
     assert {"diag.outputs.gate", "diag.outputs.gate_output", "diag.api"} <= graph["diag.commands"]
     assert "diag.commands" in graph["diag.tui_commands"] and "diag.tui_commands" in graph["diag.cli"]

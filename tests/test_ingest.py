@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 from helpers import kineto_traces, load_json, one, run_diag, shared_traces
 
-from diag.ingest.kineto import EVENT_TABLES, parse_pg_ranks
+from diag.ingest.kineto_decode import parse_pg_ranks
+from diag.ingest.kineto_tabulate import EVENT_TABLES
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.runtime import store
 

@@ -17,12 +17,12 @@ import pyarrow as pa
 import pytest
 from helpers import kineto_traces
 
-from diag.ingest import kineto, source
+from diag.ingest import kineto, kineto_split, kineto_tabulate, source
 from diag.ingest.forked import Claims, Part, SecondHalf
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.runtime import store
 
-TABLES = (*kineto.EVENT_TABLES, "collective_args")
+TABLES = (*kineto_tabulate.EVENT_TABLES, "collective_args")
 
 
 def snapshot(path: Path, split: bool) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def snapshot(path: Path, split: bool) -> dict[str, Any]:
 
 @pytest.fixture
 def split_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(kineto_split, "SPLIT_BYTES", 1)
 
 
 @pytest.mark.usefixtures("split_everything")
@@ -72,13 +72,13 @@ def test_the_child_forked_before_the_check_is_kept_only_where_the_events_are(
     the document's last `]`), then checks the whole document: a child whose segments do not span
     the events is closed and one forked where they are. The rows are a single process's."""
     spans: list[tuple[int, int]] = []
-    fork = kineto._fork_back
+    fork = kineto_split._fork_back
 
     def counted(path: str, mv: memoryview, pos: int, end: int, *rest: Any) -> Any:
         spans.append((pos, end))
         return fork(path, mv, pos, end, *rest)
 
-    monkeypatch.setattr(kineto, "_fork_back", counted)
+    monkeypatch.setattr(kineto_split, "_fork_back", counted)
     events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
                "args": {"External id": i}} for i in range(200)]
     f = tmp_path / "rank-0.json"
@@ -151,7 +151,7 @@ def test_segments_ending_inside_a_string_are_read_through(tmp_path: Path, monkey
     kind, _, n = pattern.partition(" ")
     scripted_claims(monkeypatch, (lambda i: i % 2 == 0) if kind == "even" else (lambda i: i < int(n)))
     calls: Counter[str] = Counter()
-    parse, read = kineto._part, kineto._range
+    parse, read = kineto_split._part, kineto_split._range
 
     def spied_part(*args: Any) -> Any:
         calls["part"] += 1
@@ -161,8 +161,8 @@ def test_segments_ending_inside_a_string_are_read_through(tmp_path: Path, monkey
         calls["range"] += 1
         return (yield from read(*args))
 
-    monkeypatch.setattr(kineto, "_part", spied_part)
-    monkeypatch.setattr(kineto, "_range", spied_range)
+    monkeypatch.setattr(kineto_split, "_part", spied_part)
+    monkeypatch.setattr(kineto_split, "_range", spied_range)
     f = string_of_boundaries(tmp_path)
     got = snapshot(f, split=True)
     assert got == snapshot(f, split=False)
@@ -193,7 +193,7 @@ def test_two_processes_claim_every_segment_once() -> None:
 
 
 def _part(*xs: int, bad: int = 0) -> Part:
-    counts = kineto.KinetoFile.blank()
+    counts = kineto_tabulate.KinetoFile.blank()
     counts.n_events = len(xs)
     counts.kernel_devices = [xs[0]]
     chunks = [{"a": pa.table({"x": [x]}), "b": pa.table({"y": [str(x)]}), "empty": pa.table({"z": pa.array([], pa.int8())})}
@@ -255,4 +255,4 @@ def test_this_process_writes_its_rows_while_it_waits_for_the_child(tmp_path: Pat
     # Each of the child's parts (a table each) is waited for, the rows held written first.
     segments = calls.count("tables") if theirs else 0
     assert calls.count("flush") == segments and (not theirs or calls == ["flush", "tables"] * segments)
-    assert segments == 0 or segments > kineto.SEGMENTS // 2
+    assert segments == 0 or segments > kineto_split.SEGMENTS // 2

@@ -28,8 +28,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from diag.ingest.nccl import NCCL_OPS_SCHEMA, NcclParse, detect_kind, normalize_collective, parse_nccl_file
+from diag.ingest.nccl import detect_kind, parse_nccl_file
 from diag.ingest.nccl_profiler import loads_lenient
+from diag.ingest.nccl_rows import NCCL_OPS_SCHEMA, NcclParse, normalize_collective
 from diag.ingest.safe_pickle import load_plain
 from diag.runtime.errors import BadInput
 

@@ -39,7 +39,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # `diag` as the command runs it (main() reads sys.argv: the guard applies), with both pools
 # (ingest's parse, analyze's map) from 2 files, not 512, a file per call: each pool starts its
 # two workers, which parse too.
-_POOLED = "import sys; from diag import engine, rank_map; from diag.ingest import pipeline; " \
+_POOLED = "import sys; from diag.engine import rank_map, run as engine; from diag.ingest import pipeline; " \
           "engine.POOL_FILES = pipeline.POOL_FILES = 2; pipeline._POOL_BATCH = rank_map.BATCH_FILES = 1; " \
           "from diag.cli import main; sys.exit(main())"
 

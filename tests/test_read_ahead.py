@@ -18,7 +18,7 @@ import pytest
 from helpers import ROOT, kineto_traces, run_diag, shared_traces
 from test_ingest_split import snapshot
 
-from diag.ingest import kineto, read_ahead, source
+from diag.ingest import kineto, kineto_split, read_ahead, source
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
 from diag.runtime import store
@@ -169,7 +169,7 @@ def test_a_parse_begun_before_the_imports_is_the_same_parse(monkeypatch: pytest.
     """read_ahead.begin (the command calls it before importing DuckDB and the analysis): the head
     decoded and the child forked ahead, which the ingest then takes: the same rows and file row
     as a file read and parsed with nothing ahead (SPLIT_BYTES lowered, so that real traces split)."""
-    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(kineto_split, "SPLIT_BYTES", 1)
     for p in kineto_traces()[:4]:
         read_ahead.start(str(p), DEFAULT_MAX_BYTES, False)
         read_ahead.begin(str(p), DEFAULT_MAX_BYTES, False, None, None)
@@ -181,7 +181,7 @@ def test_a_parse_begun_before_the_imports_is_the_same_parse(monkeypatch: pytest.
 
 def test_a_parse_begun_for_a_file_not_wanted_ends_its_child(trace: Path, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(kineto_split, "SPLIT_BYTES", 1)
     con = store.connect(None)
     ingest([str(trace)], con, IngestOptions(rank=0))
     read_ahead.start(str(trace), DEFAULT_MAX_BYTES, False)
@@ -215,7 +215,7 @@ def test_what_is_not_begun(trace: Path, tmp_path: Path) -> None:
 def test_a_merged_files_child_is_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file that merges ranks is never split, but that is looked for after the child is forked
     (the search reads the whole file): its child is then ended, and nothing is begun."""
-    monkeypatch.setattr(kineto, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(kineto_split, "SPLIT_BYTES", 1)
     made: list[kineto.Begun] = []
     real = kineto.begin
 
@@ -261,9 +261,9 @@ _PARSE_ONLY = """
 import sys
 from diag.runtime.no_pandas import keep_pandas_out
 keep_pandas_out()
-from diag.ingest import kineto, read_ahead
+from diag.ingest import kineto, kineto_split, read_ahead
 from diag.ingest.source import DEFAULT_MAX_BYTES, read_source
-kineto.SPLIT_BYTES = 1
+kineto_split.SPLIT_BYTES = 1
 path = sys.argv[1]
 read_ahead.start(path, DEFAULT_MAX_BYTES, False)
 read_ahead.begin(path, DEFAULT_MAX_BYTES, False, None, None)
@@ -278,7 +278,7 @@ print(before_fork, "pyarrow.compute" in sys.modules)
 
 def test_the_parse_imports_no_pyarrow_compute(trace: Path) -> None:
     """pyarrow.compute costs ~35 ms to import: not on the path before the parse's child is forked
-    (read_ahead.begin), nor in the parse the child runs (kineto._extent takes the times' range in
+    (read_ahead.begin), nor in the parse the child runs (kineto_tabulate._extent takes the times' range in
     NumPy). The parent imports it later, with the analysis, while the child parses."""
     done = subprocess.run([sys.executable, "-c", _PARSE_ONLY, str(trace)], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)

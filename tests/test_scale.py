@@ -18,7 +18,8 @@ import pytest
 from helpers import one, run_diag
 
 from diag.engine.run import AnalyzeOptions, analyze
-from diag.ingest.kineto import EVENT_TABLES, read_kineto
+from diag.ingest.kineto import read_kineto
+from diag.ingest.kineto_tabulate import EVENT_TABLES
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.outputs.report import build_report
 from diag.runtime import store

@@ -18,8 +18,8 @@ import pytest
 
 from diag.attribution.tables import combined
 from diag.engine import rank_map
+from diag.engine.map_step import map_ranks
 from diag.engine.rank_map import map_elsewhere
-from diag.engine.run import map_ranks
 from diag.ingest.pipeline import IngestOptions, ingest
 from diag.runtime import store
 from diag.runtime.executor import LocalExecutor

@@ -158,7 +158,7 @@ def test_negative_durations_are_kept_as_zero_and_counted(tmp_path: Path) -> None
 
 def test_each_row_keeps_its_own_event_s_values_and_raw_args_whatever_the_mix_of_kinds(tmp_path: Path) -> None:
     """A chunk's events are grouped by destination table before their columns are built
-    (kineto._Chunk): every value and every raw args text must stay with its own event."""
+    (kineto_tabulate._Chunk): every value and every raw args text must stay with its own event."""
     raw_args = ['{"External id": 1, "note": "é \\u00e9"}', '{ "correlation" : 7 }', None, '{"External id": 3}', "{}"]
     cats = ["cpu_op", "cuda_runtime", "ac2g", "kernel", "cpu_op"]
     events = []

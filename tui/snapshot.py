@@ -66,7 +66,7 @@ class LiveStatus:
 class Snapshot:
     generation: int                       # bumps when the analysis changes; views re-query on it
     source: str                           # what the user opened
-    report: Mapping[str, Any] | None      # the diag.outputs.report/1 document; None before the first trace
+    report: Mapping[str, Any] | None      # the diag.report/1 document; None before the first trace
     heat: HeatGrid | None
     collectives: tuple[CollectiveGroup, ...]
     links: tuple[LinkRef | None, ...]     # per collective row

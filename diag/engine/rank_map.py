@@ -3,7 +3,7 @@
 DuckDB lets no other process open a store while one writes it, so a worker cannot read the
 parent's store. The parent exports a batch of files' rows to Parquet (under the spill directory:
 shared storage for Ray on several machines, as for the ingest), the worker loads them into a
-private in-memory store, maps them exactly as the parent would (engine.map_ranks) and returns
+private in-memory store, maps them exactly as the parent would (map_step.map_ranks) and returns
 each file's digest (kB) and the batch's per-file rows, one Arrow table each (tables.combined); the
 parent inserts those and deletes the export. Small files go in batches (timeline.read_batches, at
 most BATCH_FILES): a COPY and a worker call cost milliseconds each, more than a rank of 20
@@ -22,8 +22,10 @@ import duckdb
 import pyarrow as pa
 
 from diag.attribution.tables import combined
+from diag.engine.map_step import gpu_part, map_ranks
 from diag.runtime import store
 from diag.timeline.rank import read_batches
+from rules import RULES
 
 if TYPE_CHECKING:
     from diag.attribution.digest import RankDigest
@@ -39,7 +41,7 @@ BATCH_FILES = 256
 
 def map_elsewhere(con: duckdb.DuckDBPyConnection, files: list[int], gpu: str | None, executor: Executor[Any],
                   spill_dir: str | None) -> Generator[tuple[list[RankDigest], list[dict[str, pa.Table]]], None, None]:
-    """engine.map_ranks of `files` on `executor`, a batch at a time: the batch's digests in order
+    """map_step.map_ranks of `files` on `executor`, a batch at a time: the batch's digests in order
     and its files' rows together (tables.combined)."""
     root = Path(tempfile.mkdtemp(prefix="diag-map-", dir=spill_dir))
     try:
@@ -61,9 +63,6 @@ def _export(con: duckdb.DuckDBPyConnection, files: list[int], root: Path) -> Pat
 
 def map_exported(directory: str, files: list[int], gpu: str | None) -> tuple[list[RankDigest], dict[str, pa.Table]]:
     """Worker entry: exported files mapped, in order, in a private in-memory store."""
-    from diag.engine.run import gpu_part, map_ranks
-    from rules import RULES
-
     con = store.connect(None)
     try:
         for table in SOURCE_TABLES:

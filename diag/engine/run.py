@@ -17,13 +17,14 @@ import pyarrow as pa
 from msgspec.structs import replace
 
 from diag.attribution import dtype_mix, tables
-from diag.attribution.analysis import Finding, Peak, RankContext, RunContext, StepContext
+from diag.attribution.analysis import Finding, Peak, RunContext, StepContext
 from diag.attribution.critical_path import StepPath, critical_paths
 from diag.attribution.critical_path import write as write_critical_path
-from diag.attribution.digest import RankDigest, digest_rank
+from diag.attribution.digest import RankDigest
 from diag.attribution.ledger import StepLedger
 from diag.attribution.what_if import retimed
 from diag.engine import rank_map
+from diag.engine.map_step import gpu_part, map_ranks
 from diag.ingest.ranks import check_one_run, rank_notes
 from diag.knowledge import hardware, kernels
 from diag.knowledge import model as model_mod
@@ -34,7 +35,7 @@ from diag.runtime.lifetime import run_dir
 from diag.runtime.progress import Progress
 from diag.timeline.clocks import clock_notes, clock_offsets
 from diag.timeline.collectives import Matched, match, wait_intervals
-from diag.timeline.rank import RankTimeline, load_ranks, rank_files
+from diag.timeline.rank import rank_files
 from diag.timeline.states import I64, StepStates, covered_ns, with_waits
 from diag.timeline.step_outliers import excluded_steps
 from rules import RULES
@@ -156,34 +157,6 @@ def _write_mapped(con: duckdb.DuckDBPyConnection, n_files: int, mapped: Mapped, 
                 digests, rows, nbytes = [], [], 0
             if progress:
                 progress(done, n_files, f"rank {ds[-1].rank}")
-
-
-def gpu_part(key: str | None) -> hardware.Part | None:
-    if not key:
-        return None
-    try:
-        return hardware.resolve_part(key).part
-    except ValueError as e:
-        raise BadInput("--gpu", str(e)) from None
-
-
-def map_ranks(con: duckdb.DuckDBPyConnection, files: list[int], rules: list[Rule[Any]],
-              gpu: hardware.Part | None) -> Generator[tuple[RankDigest, dict[str, pa.Table]], None, None]:
-    """Each file's digest and its rows of the per-file tables, in order, in this process: the next
-    file's rows are read while this one is mapped (timeline.load_ranks)."""
-    for tl in load_ranks(con, files):
-        mapped = _map_timeline(con, tl, rules, gpu)
-        del tl   # one timeline at a time: this one goes before the next is built
-        yield mapped
-
-
-def _map_timeline(con: duckdb.DuckDBPyConnection, tl: RankTimeline, rules: list[Rule[Any]],
-                  gpu: hardware.Part | None) -> tuple[RankDigest, dict[str, pa.Table]]:
-    digest, runs = digest_rank(con, tl)
-    part = gpu or (ident.part if tl.device_props and (ident := hardware.identify(tl.device_props)) else None)
-    ctx = RankContext(tl, part.hbm_gbps if part else None, part)
-    digest.rules = {r.code: d for r in rules if (d := r.digest(ctx)) is not None}
-    return digest, tables.rank_rows(tl, runs)
 
 
 def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list[Rule[Any]],

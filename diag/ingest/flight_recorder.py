@@ -42,7 +42,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from diag.ingest.nccl import (
+from diag.ingest.nccl_rows import (
     Fields,
     JsonLimit,
     NcclOp,

@@ -1,6 +1,6 @@
 """A big trace's events parsed by two processes at once: this one and a forked child.
 
-The events are cut into segments at event boundaries (kineto._segments). Both processes claim
+The events are cut into segments at event boundaries (kineto_split._segments). Both processes claim
 them one at a time, in file order, from one counter (Claims), and this process takes the parts in
 file order as they are done: its own, and the child's as soon as the child says one is done
 (Part). So the rows reach the store while the child still parses, on the two cores, and this
@@ -19,7 +19,7 @@ processes, so nothing is left behind however either ends.
 
 A segment the child could not parse (a boundary inside a string, a bad event), or did not get to
 (it failed, or was killed), is parsed by this process in its turn: the same events, the same
-errors, as if the file had never been split (kineto._two_ends).
+errors, as if the file had never been split (kineto_split._two_ends).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from diag.runtime.lifetime import die_with_parent, scratch_dir
 
 class Part(NamedTuple):
     """One segment parsed: where its parse ended (its end, or short of it where the end is not
-    between two events), its counts (kineto.KinetoFile.counts), its values' counts and its tables,
+    between two events), its counts (kineto_tabulate.KinetoFile.counts), its values' counts and its tables,
     chunk by chunk."""
 
     end: int

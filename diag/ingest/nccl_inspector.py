@@ -35,7 +35,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from diag.ingest.nccl import (
+from diag.ingest.nccl_rows import (
     Fields,
     JsonLimit,
     NcclOp,

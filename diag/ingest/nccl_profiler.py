@@ -44,7 +44,7 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 
-from diag.ingest.nccl import (
+from diag.ingest.nccl_rows import (
     Fields,
     JsonLimit,
     NcclOp,

@@ -30,15 +30,10 @@ from msgspec.structs import replace
 from diag.ingest import read_ahead
 from diag.ingest.discover import discover, rank_from_name
 from diag.ingest.forked import can_split
-from diag.ingest.kineto import (
-    EVENT_TABLES,
-    SCHEMAS,
-    Begun,
-    device_props_for,
-    rank_from_distributed_info,
-    read_kineto,
-)
+from diag.ingest.kineto import Begun, read_kineto
 from diag.ingest.kineto import begin as begin_kineto
+from diag.ingest.kineto_decode import device_props_for, rank_from_distributed_info
+from diag.ingest.kineto_tabulate import EVENT_TABLES, SCHEMAS
 from diag.ingest.merged import rank_map
 from diag.ingest.ranks import assign_by_process
 from diag.ingest.sniff import AMBIGUOUS, trace_format
@@ -235,11 +230,11 @@ def _nccl_file(
 ) -> dict[str, Any]:
     """An NCCL-side file's row. An Inspector log that only grew since it was read is parsed on from
     where that read stopped, and its new rows go to that file (`sink.file_id`)."""
-    from diag.ingest import nccl
+    from diag.ingest import nccl, nccl_rows
 
     resume = None
     if grown and prior is not None and prior.kind == kind == "nccl_inspector" and prior.read_state is not None:
-        resume = nccl.Resume(int(prior.read_bytes or 0), prior.read_state)
+        resume = nccl_rows.Resume(int(prior.read_bytes or 0), prior.read_state)
         sink.file_id = prior.file_id
     p = nccl.parse_nccl_file(path, bytes(src.data), rank=opts.rank, resume=resume)
     read = len(src.data) if p.resume is None else p.resume.offset

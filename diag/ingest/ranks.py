@@ -22,7 +22,7 @@ import msgspec
 from msgspec.structs import replace
 
 from diag.ingest.discover import name_parts
-from diag.ingest.kineto import SCHEMAS
+from diag.ingest.kineto_tabulate import SCHEMAS
 from diag.runtime import store
 from diag.runtime.errors import BadInput
 

@@ -1,6 +1,6 @@
 """`diag gate`: fail CI when a change makes the training step worse, and say what got worse.
 
-Two runs, each a `diag.outputs.report/1` JSON, a trace directory or a diag DuckDB file (analyzed first), are
+Two runs, each a `diag.report/1` JSON, a trace directory or a diag DuckDB file (analyzed first), are
 compared against a budget: how far MFU may drop, how far each ledger bucket may grow, and at which
 severity a rule's new finding fails. A change inside the baseline's own step-to-step spread passes
 and is reported as noise. docs/gate.md is the user's guide, including why the statistic is what it is.
@@ -28,7 +28,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - pyproject's `tomli; python_version < '3.11'`
     import tomli as tomllib
 
-REPORT_SCHEMA = "diag.outputs.report/1"      # diag.outputs.report.SCHEMA, the contract this module reads
+REPORT_SCHEMA = "diag.report/1"      # diag.outputs.report.SCHEMA, the contract this module reads
 SEVERITIES = ("info", "low", "medium", "high")   # diag.attribution.analysis.severity: <1, ≥1, ≥3, ≥10 MFU points
 OFF = "off"
 
@@ -151,7 +151,7 @@ class ReportDevice(msgspec.Struct, frozen=True):
 
 
 class ReportView(msgspec.Struct, frozen=True):
-    """The part of a `diag.outputs.report/1` document the gate reads; other fields are ignored."""
+    """The part of a `diag.report/1` document the gate reads; other fields are ignored."""
 
     world_size: int
     steps: int
@@ -169,21 +169,7 @@ class Run(msgspec.Struct, frozen=True):
     report: ReportView
 
 
-def load_run(path: str, opts: Any = None, ingest_opts: Any = None, db: str | None = None) -> Run:
-    """A report from PATH: read as a `diag.outputs.report/1` JSON, or analyzed from traces or a diag DuckDB file
-    with `opts` (AnalyzeOptions) and `ingest_opts` (IngestOptions); `db` keeps what is ingested."""
-    from diag.ingest.source import is_duckdb_file
-
-    p = Path(path)
-    if not p.exists():
-        raise BadInput(path, "no such file or directory")
-    doc = None if p.is_dir() or is_duckdb_file(p) else _read_json(p)
-    if doc is None or (isinstance(doc, dict) and "traceEvents" in doc):
-        doc = _analyzed(path, opts, ingest_opts, db)
-    return Run(path, check_report(doc, path))
-
-
-def _read_json(p: Path) -> Any:
+def read_report_json(p: Path) -> Any:
     """The file's JSON, or None when it is a trace to analyze: compressed, too large for a report, or
     damaged but a trace (ingest then says where, or salvages it with --salvage)."""
     if p.name.endswith(".gz") or p.stat().st_size > _MAX_REPORT_BYTES:
@@ -204,18 +190,6 @@ def _read_json(p: Path) -> Any:
 
 
 _HOW = f"write a baseline with `diag analyze DIR --format json --out base.json` ({REPORT_SCHEMA})"
-
-
-def _analyzed(path: str, opts: Any, ingest_opts: Any, db: str | None) -> Any:
-    from diag.api import analyze_path
-    from diag.engine.run import AnalyzeOptions
-    from diag.ingest.pipeline import IngestOptions
-    from diag.outputs.report import to_json
-
-    _, report = analyze_path(path, db, opts if opts is not None else AnalyzeOptions(),
-                             ingest_opts if ingest_opts is not None else IngestOptions())
-    # Through JSON, so the gate sees exactly what `diag analyze --format json` would have written.
-    return json.loads(to_json(report))
 
 
 def check_report(doc: Any, path: str) -> ReportView:

@@ -14,7 +14,7 @@ from typing import Any
 from diag.outputs.gate import GateResult, MetricCheck, RuleCheck, Run
 from diag.runtime.errors import BadInput, ExitCode
 
-GATE_SCHEMA = "diag.outputs.gate/1"
+GATE_SCHEMA = "diag.gate/1"
 _WORD = {"pass": "ok", "better": "better", "noise": "noise", "fail": "FAIL", "skip": "skip"}
 _MARK = {"pass": "✅ ok", "better": "✅ better", "noise": "⚠️ noise", "fail": "❌ fail", "skip": "➖ skip"}
 _LOWER_IS_WORSE = ("mfu", "model_compute")

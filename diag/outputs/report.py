@@ -1,4 +1,4 @@
-"""The report: the `diag.outputs.report/1` document (DESIGN.md contract) and its text and Markdown renderings.
+"""The report: the `diag.report/1` document (DESIGN.md contract) and its text and Markdown renderings.
 
 Computing is in engine.py; this module only shapes and renders.
 """
@@ -18,7 +18,7 @@ from diag.attribution.what_if import what_if_words
 from diag.engine.run import Analysis
 from diag.runtime.durations import duration, percent
 
-SCHEMA = "diag.outputs.report/1"
+SCHEMA = "diag.report/1"
 _BAR = 40
 
 

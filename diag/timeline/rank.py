@@ -22,7 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from diag.ingest.kineto import device_props_for
+from diag.ingest.kineto_decode import device_props_for
 from diag.knowledge import flops as flops_mod
 from diag.knowledge import kernels
 from diag.knowledge.links import normalize_collective
