@@ -54,7 +54,8 @@ def hta_parse(path: Path) -> None:
 
 
 def diag_ingest(path: Path) -> None:
-    from diag.ingest.pipeline import IngestOptions, ingest
+    from diag.ingest.options import IngestOptions
+    from diag.ingest.pipeline import ingest
     from diag.runtime import store
 
     d = Path(tempfile.mkdtemp())

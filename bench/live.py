@@ -25,7 +25,8 @@ from pathlib import Path
 
 from diag.api import analyze_opened
 from diag.engine.run import AnalyzeOptions
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 from fixtures.generate import generate
 from tui.snapshot import analyzed

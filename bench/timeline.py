@@ -39,7 +39,8 @@ def main() -> int:
     import orjson
 
     from diag.engine.map_step import map_ranks
-    from diag.ingest.pipeline import IngestOptions, ingest
+    from diag.ingest.options import IngestOptions
+    from diag.ingest.pipeline import ingest
     from diag.runtime import store
     from diag.timeline.clocks import clock_offsets
     from diag.timeline.collectives import match, wait_intervals

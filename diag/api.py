@@ -16,7 +16,8 @@ from msgspec.structs import replace
 from diag.attribution.digest import RankDigest
 from diag.engine.run import Analysis, AnalyzeOptions, analyze
 from diag.ingest.discover import require_paths
-from diag.ingest.pipeline import IngestOptions, IngestResult, ingest
+from diag.ingest.options import IngestOptions, IngestResult
+from diag.ingest.pipeline import ingest
 from diag.ingest.source import is_duckdb_file
 from diag.outputs.report import build_report
 from diag.runtime import store

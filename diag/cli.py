@@ -264,11 +264,11 @@ def _read_ahead(args: argparse.Namespace) -> None:
     """`analyze FILE` or `ingest FILE`: the file's read begins now, in a process of its own, while
     this one imports what the command needs (diag/ingest/read_ahead.py). Not with --jobs 1 (one
     process) or on Ray (the parse runs there)."""
-    from diag.ingest import read_ahead
+    from diag.ingest import start_reading
 
     paths = args.paths if hasattr(args, "paths") else [args.path]
     if len(paths) == 1 and args.jobs != 1 and args.executor == "local":
-        read_ahead.start(paths[0], args.max_bytes, args.salvage)
+        start_reading(paths[0], args.max_bytes, args.salvage)
 
 
 def _run(args: argparse.Namespace) -> int:

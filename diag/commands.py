@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from diag.ingest import read_ahead
+from diag.ingest import begin_parse
 from diag.ingest.source import is_duckdb_file
 from diag.runtime.errors import BadInput, ExitCode, printable
 
 if TYPE_CHECKING:
     from diag.engine.run import AnalyzeOptions
-    from diag.ingest.pipeline import IngestOptions
+    from diag.ingest.options import IngestOptions
     from diag.outputs.gate import Run
 
 
@@ -41,7 +41,7 @@ def analyze_options(args: argparse.Namespace) -> AnalyzeOptions:
 
 
 def ingest_options(args: argparse.Namespace) -> IngestOptions:
-    from diag.ingest.pipeline import IngestOptions
+    from diag.ingest.options import IngestOptions
 
     return IngestOptions(salvage=args.salvage, max_bytes=args.max_bytes, rank=args.rank, jobs=args.jobs,
                          executor=args.executor, spill_dir=args.spill_dir)
@@ -55,9 +55,9 @@ def has_terminal() -> bool:
 # ------------------------------------------------------------------------------------ ingest
 
 def _parse_ahead(path: str, args: argparse.Namespace) -> None:
-    """The file read ahead (diag/ingest/read_ahead.py), if any, begins its parse now, before this
-    process imports DuckDB and the analysis."""
-    read_ahead.begin(path, args.max_bytes, args.salvage, args.jobs, args.spill_dir)
+    """The file read ahead, if any, begins its parse now, before this process imports DuckDB and
+    the analysis."""
+    begin_parse(path, args.max_bytes, args.salvage, args.jobs, args.spill_dir)
 
 
 def run_ingest(args: argparse.Namespace) -> int:
@@ -158,7 +158,7 @@ def _demo(out: Path, args: argparse.Namespace) -> int:
     # Nobody can see a UI without a terminal on both ends (a pipe, a CI log, `</dev/null`): print instead.
     if not args.no_tui and has_terminal():
         from diag.engine.run import AnalyzeOptions
-        from diag.ingest.pipeline import IngestOptions
+        from diag.ingest.options import IngestOptions
         from tui.app import DiagApp
         from tui.sources import PostMortem
 

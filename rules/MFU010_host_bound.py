@@ -9,8 +9,8 @@ import msgspec
 import numpy as np
 
 from diag.attribution.analysis import Finding, RankContext, RunContext, severity
+from diag.timeline.columns import numpy_of
 from diag.timeline.nesting import overlapped, points_within
-from diag.timeline.rank import numpy_of
 from rules.base import Rule
 
 # Launch calls a rank's digest keeps for the median CPU time per launch: all of them up to this

@@ -15,7 +15,7 @@ from plain_split import mismatch
 
 from diag.api import analyze_path
 from diag.attribution.ledger import BUCKETS
-from diag.ingest.pipeline import IngestOptions
+from diag.ingest.options import IngestOptions
 
 CONTRACT = {"schema", "world_size", "steps", "device", "step_time_s", "mfu", "hfu", "ledger", "ledger_by_rank",
             "findings", "clock_offsets_us"}

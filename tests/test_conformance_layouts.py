@@ -25,7 +25,7 @@ from plain_split import mismatch, python_frames_in_gaps
 
 from diag.api import analyze_path
 from diag.attribution.analysis import Finding
-from diag.ingest.pipeline import IngestOptions
+from diag.ingest.options import IngestOptions
 from rules.MFU013_idle import Idle
 from rules.MFU013_idle import Params as IdleParams
 

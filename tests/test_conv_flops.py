@@ -10,10 +10,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.knowledge.flops import CONV_FORWARD_OPS, op_flops
 from diag.runtime import store
-from diag.timeline.rank import _conv_outputs, rank_files, read_rank
+from diag.timeline.op_shapes import _conv_outputs
+from diag.timeline.rank import rank_files, read_rank
 
 # A cuDNN forward convolution as a CUDA trace records it: aten::cudnn_convolution(self, weight,
 # padding, stride, dilation, groups, benchmark, deterministic, allow_tf32).

@@ -11,7 +11,7 @@ import duckdb
 from helpers import run_diag
 
 from diag.engine.run import AnalyzeOptions
-from diag.ingest.pipeline import IngestOptions
+from diag.ingest.options import IngestOptions
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
 from tui.sources import Live

@@ -5,7 +5,7 @@ Kineto traces (small ones from ../shared/traces), Flight Recorder JSON and pickl
 NDJSON and the NCCL profiler plugin's JSON (tests/data/nccl), each mutated with a fixed seed:
 bytes flipped, spans cut, repeated or swapped, hostile tokens put in (huge or negative numbers,
 NaN, deep nesting, other types), the end cut off, the result gzipped and the gzip damaged. Each
-case runs the parse of one file in this process, as a worker does (pipeline.parse_into).
+case runs the parse of one file in this process, as a worker does (parse_file.parse_into).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pyarrow as pa
 import pytest
 from helpers import TRACES
 
-from diag.ingest.pipeline import IngestOptions, Skipped, parse_into
+from diag.ingest.options import IngestOptions, Skipped
+from diag.ingest.parse_file import parse_into
 from diag.runtime.errors import BadInput
 
 SEED = 15

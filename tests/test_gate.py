@@ -23,7 +23,7 @@ from helpers import run_diag
 from diag import cli
 from diag.api import analyze_path
 from diag.attribution.ledger import BUCKETS
-from diag.ingest.pipeline import IngestOptions
+from diag.ingest.options import IngestOptions
 from diag.outputs.report import to_json
 from fixtures.generate import generate
 

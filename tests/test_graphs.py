@@ -15,7 +15,8 @@ import pytest
 from helpers import load_json, shared_traces
 
 from diag.api import analyze_path
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 from diag.timeline.rank import load_rank, rank_files
 from fixtures.generate import generate

@@ -20,7 +20,8 @@ from helpers import one, run_diag
 
 from diag.engine.run import AnalyzeOptions
 from diag.ingest.nccl import parse_nccl_file
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario

@@ -19,7 +19,8 @@ from helpers import kineto_traces, load_json, one, run_diag, shared_traces
 
 from diag.ingest.kineto_decode import parse_pg_ranks
 from diag.ingest.kineto_tabulate import EVENT_TABLES
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 
 RUNTIME = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}

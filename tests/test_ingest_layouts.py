@@ -20,7 +20,8 @@ from helpers import load_json, run_diag, shared_traces
 from diag.api import analyze_path
 from diag.ingest.discover import NameParts, name_parts
 from diag.ingest.merged import rank_map
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.ingest.sniff import trace_format
 from diag.runtime import store
 from diag.runtime.errors import BadInput

@@ -19,7 +19,8 @@ from helpers import kineto_traces
 
 from diag.ingest import kineto, kineto_split, kineto_tabulate, source
 from diag.ingest.forked import Claims, Part, SecondHalf
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 
 TABLES = (*kineto_tabulate.EVENT_TABLES, "collective_args")

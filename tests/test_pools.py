@@ -17,7 +17,8 @@ from diag.api import analyze_opened
 from diag.engine import run as engine
 from diag.engine.run import AnalyzeOptions
 from diag.ingest import pipeline
-from diag.ingest.pipeline import IngestOptions, IngestResult, ingest
+from diag.ingest.options import IngestOptions, IngestResult
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 from diag.runtime.executor import LocalExecutor
 from fixtures.generate import generate

@@ -19,7 +19,8 @@ from helpers import ROOT, kineto_traces, run_diag, shared_traces
 from test_ingest_split import snapshot
 
 from diag.ingest import kineto, kineto_split, read_ahead, source
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.ingest.source import DEFAULT_MAX_BYTES, SourceBytes, read_source
 from diag.runtime import store
 from diag.runtime.errors import BadInput

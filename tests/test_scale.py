@@ -20,7 +20,8 @@ from helpers import one, run_diag
 from diag.engine.run import AnalyzeOptions, analyze
 from diag.ingest.kineto import read_kineto
 from diag.ingest.kineto_tabulate import EVENT_TABLES
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.outputs.report import build_report
 from diag.runtime import store
 from diag.runtime.executor import make_executor

@@ -20,7 +20,8 @@ from diag.attribution.tables import combined
 from diag.engine import rank_map
 from diag.engine.map_step import map_ranks
 from diag.engine.rank_map import map_elsewhere
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 from diag.runtime.executor import LocalExecutor
 from diag.timeline.rank import load_rank, load_ranks, rank_files

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from helpers import shared_traces
 
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 from diag.timeline.rank import load_rank, rank_files
 from diag.timeline.sweep import sweep

@@ -22,7 +22,7 @@ from textual.widgets import DataTable
 from textual.worker import WorkerCancelled
 
 from diag.engine.run import AnalyzeOptions
-from diag.ingest.pipeline import IngestOptions
+from diag.ingest.options import IngestOptions
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
 from tui import queries

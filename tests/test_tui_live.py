@@ -18,7 +18,7 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from diag.engine.run import AnalyzeOptions
-from diag.ingest.pipeline import IngestOptions
+from diag.ingest.options import IngestOptions
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
 from tui.app import DiagApp

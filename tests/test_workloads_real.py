@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 from diag.timeline.rank import RankTimeline, load_rank, rank_files
 

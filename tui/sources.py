@@ -23,7 +23,8 @@ from diag.api import Opened, analyze_opened, open_store
 from diag.attribution.digest import RankDigest
 from diag.engine.run import AnalyzeOptions
 from diag.ingest.discover import discover
-from diag.ingest.pipeline import IngestOptions, ingest
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
 from diag.runtime import store
 from diag.runtime.errors import BadInput, printable
 from tui import queries

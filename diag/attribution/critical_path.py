@@ -31,8 +31,8 @@ from diag.attribution.digest import RankDigest
 from diag.knowledge import kernels
 from diag.runtime import store
 from diag.timeline.collectives import Matched
+from diag.timeline.columns import numpy_of
 from diag.timeline.nesting import overlapped
-from diag.timeline.rank import numpy_of
 
 KINDS = ("compute", "comm", "wait", "copy", "idle", "host")
 

@@ -20,7 +20,8 @@ import numpy.typing as npt
 
 from diag.knowledge import kernels
 from diag.timeline.collectives import Call, calls_of
-from diag.timeline.rank import MATMUL_CLASSES, RankTimeline, Steps, numpy_of
+from diag.timeline.columns import numpy_of
+from diag.timeline.rank import MATMUL_CLASSES, RankTimeline, Steps
 from diag.timeline.states import I64, StateRuns, StepStates, Waitable, exposed_comm_ns, rank_states
 
 # cuBLAS/CUTLASS name the TF32 tensor-core path in the kernel: fp32 tensors, TF32 math (gemm_shape.py,

@@ -204,7 +204,7 @@ def begin(path: str, max_bytes: int, salvage: bool, jobs: int | None, where: str
     if trace_format(src.data).kind == "kineto":
         with contextlib.suppress(BadInput):   # said where it would have been without a read ahead
             begun = kineto.begin(path, src.data, salvage, src.release, can_split(jobs), where)
-    # Only for a trace that merges no ranks (pipeline.parse_into then looks for none: a merged file
+    # Only for a trace that merges no ranks (parse_file.parse_into then looks for none: a merged file
     # is read as before, its ranks told apart and never split). Looked for once the child parses:
     # the search for process names reads the whole file (~0.15 s of the 307 MB trace's).
     if begun is not None and rank_map(src.data) is not None:

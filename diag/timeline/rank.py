@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,11 +22,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from diag.ingest.kineto_decode import device_props_for
-from diag.knowledge import flops as flops_mod
 from diag.knowledge import kernels
 from diag.knowledge.links import normalize_collective
 from diag.runtime import store
+from diag.timeline.columns import (
+    _CLASS_NAMES,
+    _COMM,
+    _COPY,
+    _MEMSET,
+    CLASSES,
+    I64,
+    _ints,
+    _strings,
+    _take,
+    _valid,
+    numpy_of,
+)
 from diag.timeline.nesting import containing, distinct
+from diag.timeline.op_shapes import _kernel_shapes
 from diag.timeline.phases import (
     TRAINING_PHASES,
     assign_phases,
@@ -35,8 +47,6 @@ from diag.timeline.phases import (
     is_dataloader_span,
     name_codes,
 )
-
-I64 = npt.NDArray[np.int64]
 
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
 MATMUL_CLASSES = frozenset({str(kernels.KernelClass.GEMM), str(kernels.KernelClass.ATTENTION)})  # str: kclass holds str
@@ -137,13 +147,6 @@ class RankTimeline:
     launch_end_ns = _listed("launch_end")
     launch_tid = _listed("launch_tid")
     external_id = _listed("ext")
-
-
-# Kernel classes by index: an activity's class is held as its index into CLASSES while the
-# timeline is built (diag/knowledge/kernels.py KernelClass order: gemm, attention, comm, copy, memset, other).
-CLASSES = tuple(str(k) for k in kernels.KernelClass)
-_GEMM, _ATTENTION, _COMM, _COPY, _MEMSET, _OTHER = range(len(CLASSES))
-_CLASS_NAMES = np.array(CLASSES, dtype=object)
 
 
 class RankRows(msgspec.Struct, frozen=True):
@@ -351,33 +354,6 @@ def _host_marks(marks: pa.Table, ops: pa.Table, tid: I64, ts: I64, end: I64, fra
     )
 
 
-def numpy_of(col: pa.Array | pa.ChunkedArray, dtype: Any) -> npt.NDArray[Any]:
-    """A column without nulls as NumPy, by Arrow's own conversion: ~1 µs a small column, where
-    np.asarray goes through the array protocol at ~9 µs, and each rank reads some forty (a rank of
-    20 kernels is analyzed in ~5 ms: issue 16's 10,000 small files)."""
-    return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-
-
-def _ints(col: pa.ChunkedArray) -> I64:
-    """An integer column as int64, nulls as -1 (where they matter, `_valid` tells them apart)."""
-    return numpy_of(col if col.null_count == 0 else col.fill_null(-1), np.int64)
-
-
-def _valid(col: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
-    return numpy_of(col.is_valid(), bool)
-
-
-def _strings(col: pa.ChunkedArray) -> list[Any]:
-    """A string column as a list: one str object per distinct value, not per row."""
-    encoded = col.combine_chunks().dictionary_encode(null_encoding="encode")
-    return np.array(encoded.dictionary.to_pylist(), dtype=object)[encoded.indices.to_numpy()].tolist()
-
-
-def _take(col: pa.ChunkedArray, idx: I64) -> list[Any]:
-    """col[i] for each index, None where the index is -1."""
-    return col.take(pa.array(idx, mask=idx < 0)).to_pylist()
-
-
 # CPU-only runs (gloo, no GPU): the host timeline stands in for the GPU's. Compute is time inside
 # aten ops, communication time inside gloo collectives (their spans include the wait for a late
 # rank, as an NCCL kernel's do), idle neither.
@@ -506,146 +482,6 @@ _CPU_OPS = """
 """
 
 
-# Up to this many launching ops, each one's shapes are worked out on its own (_op_flops is cached):
-# finding the distinct ones first (_signatures: five columns encoded) cost a rank of 20 kernels
-# more than it saved, 0.5 of its ~4.5 ms map.
-_FEW_OPS = 64
-
-
-@functools.cache
-def _conv_forward() -> pa.Array:
-    """The forward convolution ops' names, made at first use: an array built at import would have
-    pyarrow look for pandas before diag/runtime/no_pandas.py's guard is in place."""
-    return pa.array(sorted(flops_mod.CONV_FORWARD_OPS))
-
-
-def _kernel_shapes(
-    ops: pa.Table, op_idx: I64, kclass: npt.NDArray[np.intp], dur: I64
-) -> tuple[npt.NDArray[np.float64], list[Any], list[str | None], list[float | None], list[float | None]]:
-    """FLOPs, GEMM m_n_k, dtype, bytes and the profiler's FLOPs per activity, from its launching
-    op's shapes. A matmul kernel gets its op's FLOPs, split over the op's matmul kernels in
-    proportion to their durations (split-K GEMMs launch more than one). Another compute kernel
-    gets the bytes its op must move at least: its tensor inputs read once and an output the size
-    of the largest input written once (norms, elementwise, optimizer updates), split evenly over
-    the op's such kernels. Each distinct (name, shapes) of the launching ops is worked out once:
-    the control trace's 6.9k launching ops per rank have 455."""
-    n = len(op_idx)
-    flops = np.zeros(n, np.float64)
-    mnk, dtype, nbytes, tflops = (np.full(n, None, dtype=object) for _ in range(4))
-    matmul = (op_idx >= 0) & ((kclass == _GEMM) | (kclass == _ATTENTION))
-    other = (op_idx >= 0) & (kclass == _OTHER)
-    used = distinct(op_idx[matmul | other])
-    if len(used):
-        # Only a forward convolution among the launching ops has an output shape to look up.
-        conv = pc.any(pc.is_in(ops.column("name").take(used), _conv_forward())).as_py()
-        ops = ops.append_column("conv_out", _conv_outputs(ops) if conv else pa.nulls(ops.num_rows, pa.string()))
-        sig, one = _signatures(ops, used) if len(used) > _FEW_OPS else (np.arange(len(used)), np.arange(len(used)))
-        rep = {c: ops.column(c).take(used[one]).to_pylist() for c in ("name", "dims", "types", "concrete", "conv_out")}
-        shapes = [_shape_flops(*r) for r in zip(rep["name"], rep["dims"], rep["types"], rep["concrete"],
-                                                 rep["conv_out"], strict=True)]
-        group = np.searchsorted(used, op_idx)   # each activity's op among `used` (where it has one)
-
-        a = np.nonzero(matmul)[0]
-        total = np.zeros(len(used), np.int64)
-        np.add.at(total, group[a], dur[a])
-        count = np.bincount(group[a], minlength=len(used))
-        a = a[np.array([f is not None for f in shapes], bool)[sig[group[a]]]]
-        g = group[a]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(total[g] > 0, dur[a] / total[g], 1.0 / count[g])
-        s = sig[g]
-        flops[a] = np.array([f.flops if f is not None else 0.0 for f in shapes], np.float64)[s] * share
-        moved = [f.bytes_moved if f is not None else None for f in shapes]
-        m = np.array([x is not None for x in moved], bool)[s]
-        nbytes[a[m]] = np.array([x or 0.0 for x in moved], np.float64)[s[m]] * share[m]
-        mnk[a] = _objects([f.m_n_k if f is not None else None for f in shapes])[s]
-        dtype[a] = _objects([f.dtype if f is not None else None for f in shapes])[s]
-        tflops[a] = np.array(ops.column("trace_flops").take(op_idx[a]).to_pylist(), dtype=object)
-
-        b = np.nonzero(other)[0]
-        count = np.bincount(group[b], minlength=len(used))
-        tensor = [_tensor_bytes(dims, types) for dims, types in zip(rep["dims"], rep["types"], strict=True)]
-        b = b[np.array([bool(t) for t in tensor], bool)[sig[group[b]]]]
-        nbytes[b] = np.array([t or 0.0 for t in tensor], np.float64)[sig[group[b]]] / count[group[b]]
-    return flops, mnk.tolist(), dtype.tolist(), nbytes.tolist(), tflops.tolist()
-
-
-def _objects(values: list[Any]) -> npt.NDArray[np.object_]:
-    """A 1-d object array of `values`, tuples kept whole (np.array would make them a dimension)."""
-    out = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
-
-
-def _signatures(ops: pa.Table, rows: I64) -> tuple[I64, I64]:
-    """For ops `rows`: each one's index among the distinct (name, input dims, input types,
-    concrete inputs) they have, and a position in `rows` of one op of each."""
-    sig = np.zeros(len(rows), np.int64)
-    for c in ("name", "dims", "types", "concrete", "conv_out"):
-        codes = ops.column(c).take(rows).combine_chunks().dictionary_encode(null_encoding="encode").indices
-        code = np.asarray(codes, np.int64)
-        # Both below len(rows): the product stays far inside int64.
-        _, sig = np.unique(sig * (int(code.max()) + 1) + code, return_inverse=True)
-    sig = sig.astype(np.int64)
-    one = np.zeros(int(sig.max()) + 1, np.int64)
-    one[sig] = np.arange(len(sig))   # whichever op of a signature lands: they are all alike
-    return sig, one
-
-
-def _shape_flops(name: str | None, dims: str | None, types: str | None, concrete: str | None,
-                 conv_out: str | None) -> flops_mod.OpFlops | None:
-    if dims is None or (name or "").removesuffix("_") not in flops_mod.SUPPORTED_OPS:
-        return None
-    return _op_flops(name or "", dims, types, concrete, conv_out)
-
-
-# How far back, among ops that carry a sequence number, to look for the one enclosing an op: the
-# autograd node or the outer forward op sits right before it (conv2d > convolution > cudnn_convolution).
-_SEQ_LOOKBACK = 16
-
-
-def _conv_outputs(ops: pa.Table) -> pa.Array:
-    """Per op, for a forward convolution with shapes but no `Concrete Inputs` (torch before 2.1):
-    its output shape as JSON text, from the grad_output of the aten::convolution_backward whose
-    autograd node has the same sequence number as the forward op around it; else null."""
-    name, concrete, dims = ops.column("name"), ops.column("concrete"), ops.column("dims")
-    fwd = numpy_of(pc.is_in(name, _conv_forward()).fill_null(False), bool)
-    fwd &= ~_valid(concrete) & _valid(dims)
-    bwd = numpy_of(pc.equal(name, "aten::convolution_backward").fill_null(False), bool) & _valid(dims)
-    out: list[str | None] = [None] * ops.num_rows
-    if not fwd.any() or not bwd.any():
-        return pa.array(out, pa.string())
-    seq_of = _enclosing_seq(ops, np.nonzero(fwd | bwd)[0])
-    grad_out: dict[int, str] = {}
-    for i in np.nonzero(bwd)[0].tolist():
-        parsed = json.loads(dims[i].as_py())
-        if i in seq_of and isinstance(parsed, list) and parsed:
-            grad_out.setdefault(seq_of[i], json.dumps(parsed[0]))
-    for i in np.nonzero(fwd)[0].tolist():
-        out[i] = grad_out.get(seq_of.get(i, -1))
-    return pa.array(out, pa.string())
-
-
-def _enclosing_seq(ops: pa.Table, rows: I64) -> dict[int, int]:
-    """For ops `rows`: the sequence number of the innermost op on the same thread that encloses
-    each (itself included) and carries one. Ops are ordered (tid, ts, longest first), so an op's
-    ancestors come before it."""
-    tid, ts, end = (_ints(ops.column(k)) for k in ("tid", "ts", "end"))
-    seq = _ints(ops.column("seq"))
-    carriers = np.nonzero(_valid(ops.column("seq")))[0]
-    found: dict[int, int] = {}
-    for i, p in zip(rows.tolist(), (np.searchsorted(carriers, rows, side="right") - 1).tolist(), strict=True):
-        for j in range(p, max(p - _SEQ_LOOKBACK, -1), -1):
-            c = carriers[j]
-            if tid[c] != tid[i]:
-                break
-            if ts[c] <= ts[i] and end[c] >= end[i]:
-                found[i] = int(seq[c])
-                break
-    return found
-
-
 def _steps(rows: RankRows, ops: pa.Table, ts: I64, end: I64) -> tuple[Steps, I64]:
     spans = rows.spans
     n = len(ts)
@@ -689,44 +525,6 @@ def _last_end_before(ts: I64, end: I64, t: I64) -> I64:
     reach = np.maximum.accumulate(end[order])
     k = np.searchsorted(ts[order], t, side="left") - 1
     return np.where(k >= 0, np.minimum(reach[np.clip(k, 0, None)], t), -1)
-
-
-# Bytes per element of the `Input type` strings record_shapes writes.
-_ELEM_BYTES = {
-    "float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "int": 4, "long int": 8, "long": 8,
-    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "bool": 1, "unsigned char": 1, "signed char": 1,
-}
-
-
-@functools.lru_cache(maxsize=65536)
-def _op_flops(name: str, dims_text: str, types_text: str | None, concrete_text: str | None,
-              out_text: str | None = None) -> flops_mod.OpFlops | None:
-    # Cached: a step repeats the same few shapes thousands of times.
-    try:
-        dims = json.loads(dims_text)
-        types = json.loads(types_text) if types_text else None
-        concrete = json.loads(concrete_text) if concrete_text else None
-        output = json.loads(out_text) if out_text else None
-    except (TypeError, ValueError):
-        return None
-    return flops_mod.op_flops(name, dims, types, concrete, output)
-
-
-@functools.lru_cache(maxsize=65536)
-def _tensor_bytes(dims_text: str | None, types_text: str | None) -> float | None:
-    # Cached: a step repeats the same few shapes thousands of times.
-    if not dims_text or not types_text:
-        return None
-    try:
-        dims, types = json.loads(dims_text), json.loads(types_text)
-    except ValueError:
-        return None
-    sizes = []
-    for d, t in zip(dims, types, strict=False):  # malformed records: take what pairs up
-        size = _ELEM_BYTES.get(t) if isinstance(t, str) else None
-        if size and isinstance(d, list) and d and all(isinstance(x, int) for x in d):
-            sizes.append(float(math.prod(d)) * size)
-    return sum(sizes) + max(sizes) if sizes else None
 
 
 def rank_files(con: duckdb.DuckDBPyConnection) -> list[int]:

@@ -10,7 +10,8 @@ import numpy as np
 import numpy.typing as npt
 from msgspec.structs import replace
 
-from diag.timeline.rank import MATMUL_CLASSES, RankTimeline, numpy_of
+from diag.timeline.columns import numpy_of
+from diag.timeline.rank import MATMUL_CLASSES, RankTimeline
 from diag.timeline.sweep import Segments, sweep, window_index
 
 I64 = npt.NDArray[np.int64]
