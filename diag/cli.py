@@ -264,7 +264,7 @@ def _read_ahead(args: argparse.Namespace) -> None:
     """`analyze FILE` or `ingest FILE`: the file's read begins now, in a process of its own, while
     this one imports what the command needs (diag/ingest/read_ahead.py). Not with --jobs 1 (one
     process) or on Ray (the parse runs there)."""
-    from diag.ingest import start_reading
+    from diag.ingest.early import start_reading
 
     paths = args.paths if hasattr(args, "paths") else [args.path]
     if len(paths) == 1 and args.jobs != 1 and args.executor == "local":

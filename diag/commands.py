@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from diag.ingest import begin_parse
+from diag.ingest.early import begin_parse
 from diag.ingest.source import is_duckdb_file
 from diag.runtime.errors import BadInput, ExitCode, printable
 
