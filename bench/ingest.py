@@ -108,26 +108,34 @@ def measure(fn: Callable[[Path], None], path: Path) -> tuple[float, float]:
 
 
 def make_big(src: Path, min_mb: int, out: Path) -> Path:
-    """Repeat the trace's events with timestamps shifted past the previous copy until ≥ min_mb."""
+    """Repeat the trace's steps until the file is ≥ min_mb MB, each copy a later stretch of the same
+    run: timestamps shifted past the previous copy, ids (External id, correlation, Sequence number,
+    flow ids) offset by ID_STRIDE per copy and ProfilerStep#N renumbered after the previous copy's
+    steps (bench/scale.py's `shift_copy`), so that the file can be analyzed, not only ingested.
+    Metadata, instant markers and the profiler's span are written once, the span stretched over
+    every copy. Written one copy at a time."""
     import orjson
+    from scale import ID_STRIDE, is_once, shift_copy, step_count
 
-    with gzip.open(src, "rb") as f:
+    with gzip.open(src, "rb") if src.name.endswith(".gz") else src.open("rb") as f:
         doc = orjson.loads(f.read())
-    events = doc["traceEvents"]
-    ts = [e["ts"] + e.get("dur", 0) for e in events if isinstance(e.get("ts"), (int, float))]
+    events = doc.pop("traceEvents")
+    once = [e for e in events if is_once(e)]
+    body = [e for e in events if not is_once(e)]
+    ts = [e["ts"] + e.get("dur", 0) for e in body if isinstance(e.get("ts"), (int, float))]
     span = max(ts) - min(ts) + 1000
-    one = len(orjson.dumps(events))
-    copies = max(1, -(-min_mb * 1_000_000 // one))
-    big = []
-    for c in range(copies):
-        for e in events:
-            if isinstance(e.get("ts"), (int, float)) and e.get("ph") != "M":
-                e = dict(e, ts=e["ts"] + c * span)
-            elif c:
-                continue  # metadata once
-            big.append(e)
-    doc["traceEvents"] = big
-    out.write_bytes(orjson.dumps(doc))
+    steps = step_count(body)
+    copies = max(1, -(-min_mb * 1_000_000 // len(orjson.dumps(body))))
+    for e in once:
+        if e.get("cat") == "Trace":
+            e["dur"] = copies * span
+    with out.open("wb") as f:
+        f.write(orjson.dumps(doc)[:-1] + (b',"traceEvents":[' if doc else b'"traceEvents":['))
+        f.write(orjson.dumps(once)[1:-1])
+        for c in range(copies):
+            part = orjson.dumps([shift_copy(e, c * span, c * ID_STRIDE, c * steps) for e in body])[1:-1]
+            f.write(b"," + part if once or c else part)
+        f.write(b"]}")
     return out
 
 

@@ -50,8 +50,16 @@ BASE_STEPS = 3
 # Ids are offset by this much per copy: the base run's External ids, correlations and Seq are all
 # far below it (about 2,000 events per step), and 200 copies stay far inside int64.
 ID_STRIDE = 10_000_000
-_ID_ARGS = ("External id", "Record function id", "Ev Idx", "correlation", "Sequence number", "Seq")
+_ID_ARGS = ("External id", "external id", "Record function id", "Ev Idx", "correlation", "Sequence number", "Seq")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def step_count(events: list[dict[str, Any]]) -> int:
+    """How far a copy renumbers the steps: the span of ProfilerStep numbers in `events`."""
+    n = [int(m.group(1)) for e in events if (m := _STEP.match(e.get("name") or ""))]
+    return max(n) - min(n) + 1 if n else 0
+
+
 # Gap between copies, µs: a little host time between one copy's last kernel and the next step.
 GAP_US = 50.0
 # diag's command line with the critical path and the re-timed what-ifs left out: the analysis as
@@ -63,14 +71,16 @@ WITHOUT_PATH = ("import sys, diag.engine.run as e; e.critical_paths = lambda con
 # --------------------------------------------------------------------------- generating
 
 
-def _is_once(e: dict[str, Any]) -> bool:
+def is_once(e: dict[str, Any]) -> bool:
     """Metadata and profiler markers are written once per file, not per copy."""
     return e.get("ph") in ("M", "i") or e.get("cat") == "Trace"
 
 
-def _shift(e: dict[str, Any], dt_us: float, did: int, dstep: int) -> dict[str, Any]:
+def shift_copy(e: dict[str, Any], dt_us: float, did: int, dstep: int) -> dict[str, Any]:
+    """`e` as a later copy writes it: `dt_us` later, its ids `did` higher, its step `dstep` on."""
     out = dict(e)
-    out["ts"] = round(e["ts"] + dt_us, 3)
+    if isinstance(e.get("ts"), (int, float)):
+        out["ts"] = round(e["ts"] + dt_us, 3)
     if "id" in e:
         out["id"] = e["id"] + did
     args = e.get("args")
@@ -113,8 +123,8 @@ def replicate(job: _Job) -> int:
     ID_STRIDE in ids and by the copy's steps in ProfilerStep numbers. Streams one copy at a time."""
     doc = orjson.loads(job.src.read_bytes())
     events = doc.pop("traceEvents")
-    once = [e for e in events if _is_once(e)]
-    body = [e for e in events if not _is_once(e)]
+    once = [e for e in events if is_once(e)]
+    body = [e for e in events if not is_once(e)]
     for e in once:
         if e.get("cat") == "Trace":
             e["dur"] = round(job.copies * job.period_us, 3)
@@ -123,7 +133,7 @@ def replicate(job: _Job) -> int:
         f.write(orjson.dumps(doc)[:-1] + b',"traceEvents":[')
         f.write(orjson.dumps(once)[1:-1])
         for c in range(job.copies):
-            part = orjson.dumps([_shift(e, c * job.period_us, c * ID_STRIDE, c * job.steps_per_copy) for e in body])
+            part = orjson.dumps([shift_copy(e, c * job.period_us, c * ID_STRIDE, c * job.steps_per_copy) for e in body])
             f.write(b"," + part[1:-1])
         f.write(b"]}")
     tmp.rename(job.dst)
@@ -144,7 +154,7 @@ def generate_point(data: Path, ranks: int, mb: int, jobs: int) -> Path:
     srcs = [base / f"rank-{r}.json" for r in range(ranks)]
     lo, hi, body_bytes = math.inf, -math.inf, 0
     for s in srcs:
-        evs = [e for e in orjson.loads(s.read_bytes())["traceEvents"] if not _is_once(e)]
+        evs = [e for e in orjson.loads(s.read_bytes())["traceEvents"] if not is_once(e)]
         lo = min(lo, min(e["ts"] for e in evs))
         hi = max(hi, max(e["ts"] + e.get("dur", 0) for e in evs))
         body_bytes = max(body_bytes, len(orjson.dumps(evs)))
@@ -195,34 +205,42 @@ def _pss_bytes(pid: int) -> int:
 @dataclass(frozen=True)
 class Stage:
     wall_s: float
-    cpu_s: float          # user + system of the command and all its (reaped) descendants
+    cpu_s: float          # user + system of the command and all its reaped descendants
     peak_bytes: int       # the largest summed PSS of the process tree, sampled every 50 ms
+    user_s: float = 0.0   # cpu_s's two parts (0 in results written before they were kept)
+    sys_s: float = 0.0
 
 
-def measure(cmd: Sequence[str], env: dict[str, str] | None = None) -> Stage:
-    before = os.times()
+def measure(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> Stage:
+    """Run `cmd` to its exit. CPU time is the child's own resource usage from wait4: its user and
+    system seconds plus those of every descendant it (or one of its descendants) waited for —
+    parse workers, pools, a forked half — and nothing of any other process on the machine, which is
+    why it holds where wall time does not when the machine is shared. A descendant left running
+    after the command exits (a daemon) is not counted."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = 0
-    done = threading.Event()
+    with tempfile.TemporaryFile() as err:      # a file, not a pipe: nothing blocks while we wait
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        peak = 0
+        done = threading.Event()
 
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, sum(_pss_bytes(p) for p in _tree(proc.pid)))
-            done.wait(0.05)
+        def sample() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, sum(_pss_bytes(p) for p in _tree(proc.pid)))
+                done.wait(0.05)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, err = proc.communicate()
-    wall = time.perf_counter() - t0
-    done.set()
-    sampler.join()
-    after = os.times()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return Stage(wall, cpu, peak)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        done.set()
+        sampler.join()
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = err.read()[-2000:].decode(errors="replace")
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {tail}")
+    return Stage(wall, usage.ru_utime + usage.ru_stime, peak, usage.ru_utime, usage.ru_stime)
 
 
 @dataclass(frozen=True)
