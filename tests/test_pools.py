@@ -110,3 +110,20 @@ def test_analyze_pool_gives_the_report_of_one_process(run_dir: Path, pools: type
     assert pools.made == 1
     assert json.dumps(pooled, sort_keys=True) == json.dumps(alone, sort_keys=True)
     assert pooled_rows == _rows(con)
+
+
+def test_parse_batches_stop_at_their_bytes_as_at_their_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's batch of small files comes back whole and 2 × workers are in flight: 128 files of
+    0.9 MB a batch held ~1 GB in the parent (issue 41), so a batch also stops at _POOL_BATCH_BYTES
+    of JSON, a gzipped file counted _GZIP_RATIO times its size; files of a few kB go _POOL_BATCH at
+    a time, as before."""
+    monkeypatch.setattr(pipeline, "_POOL_BATCH", 3)
+    monkeypatch.setattr(pipeline, "_POOL_BATCH_BYTES", 1000)
+    sizes = {"a.json": 400, "b.json": 400, "c.json": 400, "d.json.gz": 30, "e.json": 10, "f.json": 10, "g.json": 10,
+             "h.json": 10}
+    for name, n in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * n)
+    paths = [str(tmp_path / n) for n in sizes]
+    # a+b = 800, +c would be 1200; c + d (30 × 20 = 600) = 1000; e f g: three files; h.
+    assert [[Path(p).name for p in b] for b in pipeline._pool_batches(paths)] == \
+        [["a.json", "b.json"], ["c.json", "d.json.gz"], ["e.json", "f.json", "g.json"], ["h.json"]]

@@ -170,6 +170,11 @@ def _in_process(
 # which more cores divide; this process checks and writes them in order.
 POOL_FILES = 512
 _POOL_BATCH = 128
+# A batch also stops at this much JSON (a gzipped file counted as in _small): its tables come back
+# in one piece, stay until its last file is written, and 2 × workers batches are in flight. 512
+# generated ranks of 0.9 MB, 128 files a batch, held ~1 GB in this process and ~350 MB in each
+# worker (issue 41); files of 20 kernels (~13 kB) still go 128 at a time.
+_POOL_BATCH_BYTES = 16 * 1024**2
 
 
 def _parse_ahead(paths: list[str], known: frozenset[str], opts: IngestOptions, explicit: frozenset[str],
@@ -180,10 +185,24 @@ def _parse_ahead(paths: list[str], known: frozenset[str], opts: IngestOptions, e
         for p in paths:
             yield _parse_small(p, known, opts, p in explicit, split)
         return
-    batches = [paths[i:i + _POOL_BATCH] for i in range(0, len(paths), _POOL_BATCH)]
+    batches = _pool_batches(paths)
     with LocalExecutor(workers) as pool:
         for parsed, tables in pool.imap(_parse_batch, ((b, known, opts, [p in explicit for p in b]) for b in batches)):
             yield from _unpacked(parsed, tables)
+
+
+def _pool_batches(paths: list[str]) -> list[list[str]]:
+    """`paths` in order, cut into runs of at most _POOL_BATCH files and _POOL_BATCH_BYTES of JSON."""
+    batches: list[list[str]] = []
+    total = 0
+    for p in paths:
+        size = _size(p) * (_GZIP_RATIO if p.endswith(".gz") else 1)
+        if not batches or len(batches[-1]) == _POOL_BATCH or total + size > _POOL_BATCH_BYTES:
+            batches.append([])
+            total = 0
+        batches[-1].append(p)
+        total += size
+    return batches
 
 
 def _parse_batch(paths: list[str], known: frozenset[str], opts: IngestOptions,
