@@ -223,7 +223,8 @@ def bars(workloads: Sequence[Workload]) -> list[str]:
             say("ingest: diag ÷ orjson (gc off) CPU ≤ 1", _spread(r), r[2] <= 1)
         if wl.key == "ranks" and d:
             if hta:
-                say(f"{wl.title}: diag's peak ≤ HTA's", f"{d.peak_mb:.0f} / {hta.peak_mb:.0f} MB", d.peak_mb <= hta.peak_mb)
+                say(f"{' '.join(wl.title.split()[:2])}: diag's peak ≤ HTA's", f"{d.peak_mb:.0f} / {hta.peak_mb:.0f} MB",
+                    d.peak_mb <= hta.peak_mb)
             if wl.title.startswith("4096 "):
                 say("4096 ranks: ≤ 60 s wall, ≤ 2 GB", f"{d.median('wall_s'):.0f} s, {d.peak_mb / 1e3:.2f} GB",
                     d.median("wall_s") <= 60 and d.peak_mb <= 2000)
@@ -298,12 +299,12 @@ def make_ranks(data: Path, n: int) -> Path:
     out = data / f"ranks{n}"
     if (out / "complete").exists():
         return out
-    from scale import _scenario
+    from scale import scenario
 
     from fixtures.generate import generate
 
     shutil.rmtree(out, ignore_errors=True)
-    generate(_scenario(n), out)
+    generate(scenario(n), out)
     (out / "truth.json").unlink()
     (out / "complete").touch()
     return out

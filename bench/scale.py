@@ -96,7 +96,7 @@ def shift_copy(e: dict[str, Any], dt_us: float, did: int, dstep: int) -> dict[st
     return out
 
 
-def _scenario(ranks: int) -> Scenario:
+def scenario(ranks: int) -> Scenario:
     """The case at `ranks` ranks. The generator refuses more than 64 ("fixtures stay small"): the
     bench checks the case's other knobs at 64 and lays out as many ranks as it is asked for."""
     from fixtures.scenarios import Scenario, load_case
@@ -150,7 +150,7 @@ def generate_point(data: Path, ranks: int, mb: int, jobs: int) -> Path:
     if not (base / "truth.json").exists():   # written last: the base run is complete
         from fixtures.generate import generate
 
-        generate(_scenario(ranks), base)
+        generate(scenario(ranks), base)
     srcs = [base / f"rank-{r}.json" for r in range(ranks)]
     lo, hi, body_bytes = math.inf, -math.inf, 0
     for s in srcs:

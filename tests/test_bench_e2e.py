@@ -142,3 +142,13 @@ def test_big_trace_copies_are_later_steps_of_the_same_run(tmp_path: Path) -> Non
     # A kernel keeps its launch's External id within a copy.
     by_corr = {e["args"]["correlation"]: e["args"]["External id"] for e in ev if e.get("cat") == "cuda_runtime"}
     assert all(by_corr[e["args"]["correlation"]] == e["args"]["External id"] for e in ev if e.get("cat") == "kernel")
+
+
+def test_bars_compare_cpu_per_mb_across_rank_counts() -> None:
+    def ranks(n: int, mb: float, cpu: float) -> e2e.Workload:
+        d = e2e.Measured("diag analyze", ["diag"], [_stage(cpu, cpu, 500)])
+        return e2e.Workload("ranks", f"{n} generated ranks: {mb:.0f} MB of JSON", mb, "diag analyze", [d])
+
+    # 5 s / 50 MB at 64 ranks, 50 s / 400 MB at 512: 0.125 ÷ 0.1 = 1.25 the CPU per MB.
+    lines = e2e.bars([ranks(64, 50, 5), ranks(512, 400, 50)])
+    assert lines == ["NOT met  ranks: CPU per MB at 512 ÷ at 64 ≤ 1.1: 1.25"]
