@@ -1,7 +1,7 @@
 """Speed a user feels, measured honestly: whole processes, CPU-seconds beside wall, side by side.
 
     python bench/e2e.py [--only help,analyze,ingest,big,ranks,small] [--repeat 3] [--big-mb 100]
-                        [--ranks 8,64] [--small-files 2000] [--json OUT.json]
+                        [--ranks 8,64] [--small-files 2000] [--json OUT.json] [--hog N]
 
 Each row runs a command line as a child process (`python -m diag.cli …`, or `python -c` doing the
 same work with the library compared against) from start to exit: interpreter start, imports, worker
@@ -178,7 +178,7 @@ def table(workloads: Sequence[Workload]) -> str:
     return "\n".join(lines)
 
 
-def to_json(workloads: Sequence[Workload], repeat: int) -> dict[str, object]:
+def to_json(workloads: Sequence[Workload], repeat: int, hog: int = 0) -> dict[str, object]:
     """Every run's numbers, the medians and the paired ratios, with what the machine was."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     out: list[dict[str, object]] = []
@@ -196,7 +196,7 @@ def to_json(workloads: Sequence[Workload], repeat: int) -> dict[str, object]:
         out.append({"workload": wl.key, "title": wl.title, "mb": wl.mb, "base": wl.base,
                     "load_avg": wl.load_avg, "rows": rows})
     return {"commit": commit, "cpus": os.cpu_count(), "python": sys.version.split()[0], "repeat": repeat,
-            "workloads": out}
+            "hog": hog, "workloads": out}
 
 
 def _row(wl: Workload, name: str) -> Measured | None:
@@ -394,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "diag-e2e",
                     help="where generated ranks are kept between runs")
     ap.add_argument("--json", type=Path, help="also write every run's numbers here")
+    ap.add_argument("--hog", type=int, default=0, metavar="N",
+                    help="run N busy loops beside the bench (the check that CPU ratios hold under load)")
     args = ap.parse_args(argv)
     chosen = [w.strip() for w in args.only.split(",") if w.strip()]
     if unknown := set(chosen) - set(WORKLOADS):
@@ -405,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.data.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="diag-e2e-"))
     done: list[Workload] = []
+    # Busy loops: children of the bench, never of a measured command, so no row counts their CPU.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hog)]
     try:
         big = make_big(CONTROL, args.big_mb, tmp / "big_rank-3.json") if {"ingest", "big"} & set(chosen) else None
         for w in chosen:
@@ -424,11 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"done: {wl.title}", file=sys.stderr, flush=True)
             done += new
     finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     print(table(done))
     print("\n" + "\n".join(bars(done)))
     if args.json:
-        args.json.write_text(json.dumps(to_json(done, args.repeat), indent=1))
+        args.json.write_text(json.dumps(to_json(done, args.repeat, args.hog), indent=1))
     return 0
 
 
