@@ -228,6 +228,11 @@ def bars(workloads: Sequence[Workload]) -> list[str]:
             if wl.title.startswith("4096 "):
                 say("4096 ranks: ≤ 60 s wall, ≤ 2 GB", f"{d.median('wall_s'):.0f} s, {d.peak_mb / 1e3:.2f} GB",
                     d.median("wall_s") <= 60 and d.peak_mb <= 2000)
+    grows = {wl.key: r[1] for wl in workloads if wl.key in ("analyze", "big") and (d := _row(wl, "diag analyze"))
+             and (h := _row(wl, "HTA parse + breakdown + overlap")) and (r := paired(h, d, "cpu_s"))}
+    if len(grows) == 2:
+        say("HTA ÷ diag CPU grows with size (control → big)", f"{grows['analyze']:.2f} → {grows['big']:.2f}",
+            grows["big"] > grows["analyze"])
     per_mb = {int(wl.title.split()[0]): d.median("cpu_s") / wl.mb
               for wl in workloads if wl.key == "ranks" and (d := _row(wl, "diag analyze"))}
     if 64 in per_mb and (top := max(per_mb)) > 64:

@@ -152,3 +152,11 @@ def test_bars_compare_cpu_per_mb_across_rank_counts() -> None:
     # 5 s / 50 MB at 64 ranks, 50 s / 400 MB at 512: 0.125 ÷ 0.1 = 1.25 the CPU per MB.
     lines = e2e.bars([ranks(64, 50, 5), ranks(512, 400, 50)])
     assert lines == ["NOT met  ranks: CPU per MB at 512 ÷ at 64 ≤ 1.1: 1.25"]
+
+
+def test_bars_say_whether_the_ratio_to_hta_grows_with_size() -> None:
+    control, big = _workload(), _workload()
+    big.key = "big"
+    big.rows[1].runs = [_stage(5.0, 2 * s.cpu_s) for s in big.rows[1].runs]   # HTA twice as slow on the big trace
+    lines = e2e.bars([control, big])
+    assert "met      HTA ÷ diag CPU grows with size (control → big): 5.00 → 10.00" in lines
