@@ -160,3 +160,9 @@ def test_bars_say_whether_the_ratio_to_hta_grows_with_size() -> None:
     big.rows[1].runs = [_stage(5.0, 2 * s.cpu_s) for s in big.rows[1].runs]   # HTA twice as slow on the big trace
     lines = e2e.bars([control, big])
     assert "met      HTA ÷ diag CPU grows with size (control → big): 5.00 → 10.00" in lines
+
+
+def test_bars_keep_issue_16s_small_files_bar() -> None:
+    rows = [e2e.Measured("diag ingest", ["i"], [_stage(8.0, 9.0)]), e2e.Measured("diag analyze (of the store)", ["a"], [_stage(13.0, 9.0)])]
+    lines = e2e.bars([e2e.Workload("small", "2000 rank files of 20 kernels each", 26.0, None, rows)])
+    assert lines == ["NOT met  2000 small files: ingest + analyze ≤ 20 s wall: 21.0 s"]
