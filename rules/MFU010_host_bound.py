@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter, defaultdict
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from diag.attribution.analysis import Finding, RankContext, RunContext, severity
+from diag.runtime.durations import duration
 from diag.timeline.columns import numpy_of
-from diag.timeline.nesting import overlapped, points_within
+from diag.timeline.nesting import distinct, innermost_pieces, overlapped, points_within
+from diag.timeline.rank import (
+    SPAN_ANNOTATION,
+    SPAN_FRAME,
+    SPAN_OP,
+    RankTimeline,
+    frame_label,
+    program_annotation,
+)
+from diag.timeline.states import IdleGaps, union
 from rules.base import Rule
 
 # Launch calls a rank's digest keeps for the median CPU time per launch: all of them up to this
@@ -33,6 +45,7 @@ class Params(msgspec.Struct, frozen=True):
     # launches one after another: the issue's 10 µs.
     tiny_kernel_us: float = 10.0
     top_syncs: int = 5
+    top_names: int = 5
 
 
 # Why the host had not launched yet, by what was on the host when the GPU ran dry.
@@ -43,6 +56,137 @@ CAUSES = {
     "launch": "launching: eager kernels shorter than their launch calls",
     "python": "in Python between launches: the host takes longer per op than the GPU",
 }
+
+
+# What the launching thread did during the host-bound part of each gap, by the innermost span
+# there at each instant (a sync call is the cause only for the time the call itself lasted).
+PARTS = {
+    "sync_wait": "waiting in synchronizing calls",
+    "python": "in Python between ops",
+    "dispatch": "inside framework ops, outside their children and launches (dispatch per op)",
+    "launch": "in launch API calls",
+    "dataloader": "in data-loading code on the launching thread",
+    "other": "with nothing recorded on the launching thread",
+}
+# A host-bound gap this long is a block of host work (preprocessing, a decode), not the per-op
+# cost of eager execution: 1 ms is the host time of ~100 launches at 5-10 µs each.
+LONG_GAP_NS = 1_000_000
+# Span kinds past rank.py's SPAN_OP, SPAN_ANNOTATION, SPAN_FRAME: launch calls and sync calls.
+_LAUNCH, _SYNC = 3, 4
+_DATA_FRAME = "torch/utils/data/"
+_STEP_NUMBER = re.compile(r"#\d+$")
+NO_SPAN = ""
+
+
+class HostParts(msgspec.Struct):
+    """One rank's host-bound time by part and the name that held it, per step (index)."""
+
+    ns: list[dict[tuple[str, str], int]]
+    python_long_ns: list[int]             # python time in gaps of LONG_GAP_NS or more
+    launches: list[int]                   # launch calls of activities in each step
+    frames: bool                          # the launching threads recorded Python frames
+
+
+def _thread_spans(tl: RankTimeline, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Thread t's ops, annotations, frames, launch calls and sync calls, sorted by (ts, -end), each
+    with its kind and the name its part lists it by."""
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = []
+    hs = tl.host_spans
+    if hs is not None:
+        lo, hi = np.searchsorted(hs.tid, t, "left"), np.searchsorted(hs.tid, t, "right")
+        kind = hs.kind[lo:hi]
+        names = [frame_label(nm) if k == SPAN_FRAME else "between ops in " + _STEP_NUMBER.sub("", nm)
+                 if k == SPAN_ANNOTATION else nm for nm, k in zip(hs.name[lo:hi], kind.tolist(), strict=True)]
+        parts.append((hs.start_ns[lo:hi], hs.end_ns[lo:hi], kind, names))
+    lt = numpy_of(tl.acts.column("launch_tid").fill_null(-1), np.int64)
+    ls = numpy_of(tl.acts.column("launch_ts").fill_null(-1), np.int64)
+    le = numpy_of(tl.acts.column("launch_end").fill_null(-1), np.int64)
+    on = np.flatnonzero((lt == t) & (ls >= 0) & (le > ls))
+    # A launch call is listed by the op that made it.
+    parts.append((ls[on], le[on], np.full(len(on), _LAUNCH, np.int64),
+                  [tl.op_name[i] or tl.name[i] for i in on.tolist()]))
+    m = tl.host_marks
+    if m is not None and len(m.tid):
+        sync = np.flatnonzero((m.tid == t) & (np.array(m.kind, dtype=object) == "sync"))
+        parts.append((m.start_ns[sync], m.end_ns[sync], np.full(len(sync), _SYNC, np.int64),
+                      [_sync_name(m.name[i], m.op[i], m.caller[i]) for i in sync.tolist()]))
+    ts, end, kind = (np.concatenate([p[i] for p in parts]).astype(np.int64) for i in range(3))
+    names = [nm for p in parts for nm in p[3]]
+    order = np.lexsort((-end, ts))
+    return ts[order], end[order], kind[order], [names[i] for i in order.tolist()]
+
+
+def _sync_name(call: str, op: str | None, caller: str | None) -> str:
+    return call + (f" in {op}" if op and op != call and not program_annotation(op) else "") + (f" from {frame_label(caller)}" if caller else "")
+
+
+def _part_of(kind: int, name: str) -> str:
+    if kind == _SYNC:
+        return "sync_wait"
+    if kind == _LAUNCH:
+        return "launch"
+    if kind == SPAN_OP:
+        return "dispatch"
+    if kind == SPAN_FRAME and _DATA_FRAME in name:
+        return "dataloader"
+    return "python"   # a frame, or an annotation with no op inside: the program's own code
+
+
+def host_parts(tl: RankTimeline, g: IdleGaps) -> HostParts:
+    """Each step's host-bound gap time on the thread that launched the activity after the gap, cut
+    where the innermost span there changes (diag.timeline.nesting.innermost_pieces), by part. The
+    data loader's spans are left out, as the ledger leaves them out of the bucket, so the parts of a
+    gap add up to its host_ns.
+
+    A sync call that returns inside a gap opened it, and is its cause for as long as the call
+    lasted: without it the host would have run on that long while the GPU drained. The part of
+    the call before the gap is taken from the gap's first pieces after the call returned."""
+    n = len(tl.steps.step)
+    out = HostParts([{} for _ in range(n)], [0] * n, [0] * n,
+                    tl.host_spans is not None and bool((tl.host_spans.kind == SPAN_FRAME).any()))
+    launched = (tl.step_of >= 0) & numpy_of(tl.acts.column("launch_ts").is_valid(), bool)
+    out.launches = np.bincount(tl.step_of[launched], minlength=n).astype(np.int64).tolist()
+    lt = numpy_of(tl.acts.column("launch_tid").fill_null(-1), np.int64)
+    j = np.flatnonzero((g.host_ns > 0) & (g.next_act >= 0))
+    thread = lt[g.next_act[j]]
+    xs, xe = union(*tl.dataloader_spans)
+    for t in distinct(thread[thread >= 0]).tolist():
+        k = j[thread == t]
+        a, b = g.start_ns[k], g.host_end_ns[k]
+        ts, end, kind, names = _thread_spans(tl, t)
+        opener, credit = _sync_credit(ts, end, kind, a, b)
+        start, length, idx = innermost_pieces(ts, end, a, b, xs, xe)
+        gap = np.searchsorted(a, start, side="right") - 1
+        long = (b - a)[gap] >= LONG_GAP_NS
+        for s, t0, ns, i, gi, lg in zip(g.step[k][gap].tolist(), start.tolist(), length.tolist(), idx.tolist(),
+                                        gap.tolist(), long.tolist(), strict=True):
+            by = out.ns[s]
+            if credit[gi] > 0 and t0 >= end[opener[gi]]:
+                take = min(int(credit[gi]), ns)
+                credit[gi] -= take
+                ns -= take
+                key = ("sync_wait", names[opener[gi]])
+                by[key] = by.get(key, 0) + take
+            part, name = ("other", NO_SPAN) if i < 0 else (_part_of(int(kind[i]), names[i]), names[i])
+            by[(part, name)] = by.get((part, name), 0) + ns
+            if lg and part == "python":
+                out.python_long_ns[s] += ns
+    return out
+
+
+def _sync_credit(ts: np.ndarray, end: np.ndarray, kind: np.ndarray, a: np.ndarray,
+                 b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each gap [a, b): the last sync call that returned in it (-1: none), and how long that
+    call ran before the gap began (the host waited while the GPU still had work)."""
+    sync = np.flatnonzero(kind == _SYNC)
+    if not len(sync):
+        return np.full(len(a), -1, np.int64), np.zeros(len(a), np.int64)
+    by_end = sync[np.argsort(end[sync], kind="stable")]
+    last = np.searchsorted(end[by_end], b, side="right") - 1
+    opener = np.where(last >= 0, by_end[np.maximum(last, 0)], -1)
+    opener = np.where((opener >= 0) & (end[opener] >= a), opener, -1)
+    credit = np.where(opener >= 0, np.maximum(a - ts[opener], 0), 0)
+    return opener, credit.astype(np.int64)
 
 
 class HostBoundDigest(msgspec.Struct):
@@ -58,6 +202,7 @@ class HostBoundDigest(msgspec.Struct):
     between_steps_us: list[float] = msgspec.field(default_factory=list)
     steps: int = 0
     evidence: list[str] = msgspec.field(default_factory=list)
+    parts: HostParts | None = None
 
 
 class HostBound(Rule[Params]):
@@ -132,13 +277,15 @@ class HostBound(Rule[Params]):
         d.steps = len(tl.steps.step)
         top = np.argsort(-g.host_ns)[:5]
         d.evidence = [f"step:{tl.rank}:{tl.steps.step[int(g.step[j])]}" for j in top if g.host_ns[j] > 0]
+        d.parts = host_parts(tl, g)
         return d
 
     def findings(self, run: RunContext) -> list[Finding]:
         frac = run.mean_fraction("host_bound")
         if frac < self.params.min_fraction:
             return []
-        digests: list[HostBoundDigest] = [r.rules[self.code] for r in run.ranks if r.rules.get(self.code)]
+        counted = [(r, d) for r in run.ranks if (d := r.rules.get(self.code))]
+        digests: list[HostBoundDigest] = [d for _, d in counted]
         gap: dict[str, int] = defaultdict(int)
         syncs: Counter[tuple[str, str, str]] = Counter()
         sync_ns: Counter[tuple[str, str, str]] = Counter()
@@ -157,23 +304,20 @@ class HostBound(Rule[Params]):
         per_launch = float(np.median(launch_us)) if len(launch_us) else None
         between = [x for d in digests for x in d.between_steps_us]
         between_ms = statistics.median(between) / 1000 if between else None
-        top = max(CAUSES, key=lambda k: share[k]) if total else "launch"
-        summary = f"GPU idle waiting for launches {frac:.1%} of the step, mostly {CAUSES[top]}"
-        advice = []
-        if share["python"] >= 0.2:
-            advice.append("the host is slower per op than the GPU: torch.compile the model (fewer, larger kernels, "
-                          "less Python per step), no per-op Python work (hooks, logging) in the forward")
-        if share["launch"] >= 0.2 or not total:
-            advice.append(f"{launches:.0f} launches per step, {tiny:.0%} of kernels under "
-                          f"{self.params.tiny_kernel_us:g} µs" + (f", {per_launch:.1f} µs CPU per launch" if per_launch else "")
-                          + ": capture the step in CUDA graphs (torch.compile(mode=\"reduce-overhead\")) or fuse "
-                          "kernels (torch.compile)")
         worst_syncs = [k for k, _ in sync_ns.most_common(self.params.top_syncs)]
-        if share["sync"] >= 0.2 and worst_syncs:
-            call, op, caller = worst_syncs[0]
-            where = f"{call}" + (f" in {op}" if op != "?" else "") + (f" from {caller}" if caller != "?" else "")
-            advice.append(f"remove host syncs from the step ({where}, {syncs[worst_syncs[0]]} times): keep values "
-                          "on the GPU, no .item()/.cpu()/print(tensor) per layer, log every N steps")
+        parts = self._parts(run, counted, frac)
+        top = max(parts, key=lambda k: (parts[k]["share"], k == "python")) if parts else None
+        if top is not None and parts[top]["share"] > 0:
+            summary = (f"GPU idle waiting for launches {frac:.1%} of the step, mostly {PARTS[top]} "
+                       f"({parts[top]['share']:.0%} of it)")
+            # The names that hold a twentieth of the part or more, up to three.
+            names = [t for t in parts[top]["top"] if t["name"] != NO_SPAN and t["share"] >= 0.05][:3]
+            if names:
+                summary += ": " + ", ".join(f"{t['name'][:80]} {t['share'] * parts[top]['fraction']:.1%}" for t in names)
+        else:
+            old = max(CAUSES, key=lambda k: share[k]) if total else "launch"
+            summary = f"GPU idle waiting for launches {frac:.1%} of the step, mostly {CAUSES[old]}"
+        advice = self._advice(parts, launches, tiny, per_launch, run) if parts else []
         if share["optimizer"] >= 0.2:
             advice.append("the optimizer step runs on the host: use fused=True or foreach=True optimizers")
         if share["between_steps"] >= 0.2:
@@ -184,9 +328,92 @@ class HostBound(Rule[Params]):
             *run.involved("host_bound", 0.0), [e for d in digests for e in d.evidence][:20],
             "; ".join(advice) or "see details: no single cause dominates", summary, run.what_if(frac),
             {"by_cause": {k: {"share": share[k], "fraction": share[k] * frac, "what": CAUSES[k]} for k in CAUSES},
+             "parts": parts,
              "launches_per_step": launches, "kernels_under_tiny_share": tiny, "tiny_kernel_us": self.params.tiny_kernel_us,
              "cpu_us_per_launch": per_launch, "host_ms_between_steps": between_ms,
              "syncs": [{"call": c, "op": o, "caller": p, "gaps": syncs[(c, o, p)], "gap_ms": sync_ns[(c, o, p)] / 1e6}
                        for c, o, p in worst_syncs]},
             bucket="host_bound", recoverable_fraction=frac,   # graphs or a sync-free step launch ahead
         )]
+
+    def _parts(self, run: RunContext, counted: list[tuple[Any, HostBoundDigest]], frac: float) -> dict[str, dict[str, Any]]:
+        """details.parts: the bucket by what the launching thread did, over the steps the ledger
+        counts; each part's share of the bucket, its fraction of the step, its time per launch call
+        and the names that held it (frames, ops, calls), largest first. The shares add up to 1."""
+        ns: dict[str, Counter[str]] = {k: Counter() for k in PARTS}
+        long_ns = launches = 0
+        frames = False
+        for r, d in counted:
+            if d.parts is None:
+                continue
+            frames |= d.parts.frames
+            for i, by in enumerate(d.parts.ns):
+                if (r.file_id, i) not in run.states:
+                    continue
+                for (part, name), v in by.items():
+                    ns[part][name] += v
+                long_ns += d.parts.python_long_ns[i]
+                launches += d.parts.launches[i]
+        total = sum(sum(c.values()) for c in ns.values())
+        if not total:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for part, c in ns.items():
+            held = sum(c.values())
+            names = sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[: self.params.top_names]
+            out[part] = {"share": held / total, "fraction": held / total * frac, "what": PARTS[part],
+                         "us_per_launch": held / launches / 1e3 if launches else None,
+                         "top": [{"name": nm, "share": v / held} for nm, v in names]}
+        held_py = sum(ns["python"].values())
+        out["python"]["in_long_gaps_share"] = long_ns / held_py if held_py else 0.0
+        out["python"]["frames_recorded"] = frames
+        return out
+
+    def _advice(self, parts: dict[str, dict[str, Any]], launches: float, tiny: float, per_launch: float | None,
+                run: RunContext) -> list[str]:
+        """One line per part that holds at least a fifth of the bucket (and always the largest),
+        largest first, each from the figures details.parts shows."""
+        graphs = any(r.graph_launches for r in run.ranks)
+        top = max(parts, key=lambda k: parts[k]["share"])
+        lines = []
+        for part in sorted(parts, key=lambda k: -parts[k]["share"]):
+            p = parts[part]
+            if part != top and p["share"] < 0.2:
+                continue
+            names = ", ".join(t["name"][:80] for t in p["top"][:3] if t["name"] != NO_SPAN)
+            if part == "python" and p["in_long_gaps_share"] >= 0.5:
+                lines.append("host work in Python holds the GPU idle in gaps over "
+                             f"{LONG_GAP_NS / 1e6:g} ms" + (f" ({names})" if names else "") +
+                             ": move it off the GPU's path (DataLoader workers, a preprocessing thread or process, "
+                             "or ahead of time) or overlap it with the previous batch's GPU work")
+            elif part == "python":
+                us = p["us_per_launch"]
+                lines.append("Python between ops" + (f", {duration(us / 1e6)} per launch" if us else "")
+                             + (f" ({names})" if names and p["frames_recorded"] else "")
+                             + ": fewer, larger ops (torch.compile), no per-op Python (hooks, logging) in the step"
+                             + ("" if graphs else ", or CUDA graphs (torch.compile(mode=\"reduce-overhead\")) to replay "
+                                "the step without Python"))
+            elif part == "dispatch":
+                us = p["us_per_launch"]
+                lines.append("framework overhead per op" + (f": {duration(us / 1e6)} of op time outside launches per "
+                                                            "launch" if us else "")
+                             + (f" against {per_launch:.1f} µs per launch call" if per_launch else "")
+                             + (f" ({names})" if names else "")
+                             + ": fewer, larger ops (torch.compile)"
+                             + ("" if graphs else "; CUDA graphs replay the step without it"))
+            elif part == "launch":
+                lines.append(f"{launches:.0f} launches per step, {tiny:.0%} of kernels under "
+                             f"{self.params.tiny_kernel_us:g} µs" + (f", {per_launch:.1f} µs CPU per launch" if per_launch else "")
+                             + (": fuse kernels (torch.compile)" if graphs else
+                                ": capture the step in CUDA graphs (torch.compile(mode=\"reduce-overhead\")) or fuse "
+                                "kernels (torch.compile)"))
+            elif part == "sync_wait":
+                lines.append("remove host syncs from the step" + (f" ({names})" if names else "")
+                             + ": keep values on the GPU, no .item()/.cpu()/print(tensor) per layer, log every N steps")
+            elif part == "dataloader":
+                lines.append("data loading runs on the launching thread" + (f" ({names})" if names else "")
+                             + ": DataLoader(num_workers>0, pin_memory=True)")
+            else:
+                lines.append("nothing is recorded on the launching thread for this time: open the largest gaps in "
+                             "the timeline (diag tui, diag export --perfetto)")
+        return lines

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 import msgspec
@@ -13,7 +12,7 @@ from diag.attribution.digest import RankDigest
 from diag.runtime.durations import duration
 from diag.timeline.columns import I64
 from diag.timeline.nesting import innermost_pieces, overlapped
-from diag.timeline.rank import RankTimeline
+from diag.timeline.rank import RankTimeline, frame_label
 from diag.timeline.states import union
 from rules.base import Rule
 
@@ -46,15 +45,6 @@ class IdleDigest(msgspec.Struct):
 
 
 OUTSIDE_FRAMES = ""
-
-# A built-in's frame names the object it was called on: `<built-in method mul_ of Parameter object at
-# 0x7f3b0768a350>`, one name per tensor and per process. Without the object, one method is one name.
-_BOUND_OBJECT = re.compile(r" of .+ object at 0x[0-9a-fA-F]+>$")
-
-
-def frame_label(name: str) -> str:
-    return _BOUND_OBJECT.sub(">", name)
-
 
 Gap = tuple[int, int, int, int]   # (ns, rank, step, start_ns)
 

@@ -259,6 +259,11 @@ class IdleGaps(msgspec.Struct, frozen=True):
     other_ns: I64         # the rest, data loader excluded
     at_window_end: npt.NDArray[np.bool_]   # the gap runs to the end of its step window
     before_ns: I64        # duration of the activity that ended where the gap starts (-1: none)
+    # Where the host-bound part ends (its start is start_ns; the data loader's spans inside it are
+    # not host-bound), and the activity after the gap (-1: none): its launch call's thread is the
+    # thread MFU010 reads the host's time from.
+    host_end_ns: I64 = msgspec.field(default_factory=lambda: np.zeros(0, np.int64))
+    next_act: I64 = msgspec.field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def idle_gaps(tl: RankTimeline) -> IdleGaps:
@@ -292,7 +297,7 @@ def idle_gaps(tl: RankTimeline) -> IdleGaps:
     prev = by_end[np.clip(last, 0, None)] if len(tl) else last
     before = np.where(last >= 0, (tl.end_ns - tl.ts_ns)[prev] if len(tl) else -1, -1)
     return IdleGaps(step, a, b, host.astype(np.int64), other.astype(np.int64), b == wend[step],
-                    before.astype(np.int64))
+                    before.astype(np.int64), host_end.astype(np.int64), np.where(has, nxt, -1).astype(np.int64))
 
 
 def covered(cs: I64, ce: I64, t: I64) -> I64:
