@@ -209,21 +209,23 @@ class HostBound(Rule[Params]):
     """The GPU ran dry waiting for the host to launch.
 
     What it finds: the `host_bound` bucket — GPU idle time before the launch call of the next GPU
-    activity returned — split by what the host was doing when the GPU ran dry: waiting in a
-    synchronizing call (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, blocking
-    cudaMemcpy, `.item()`'s aten::_local_scalar_dense; named with the op and Python caller the trace
-    records), inside the optimizer step, between steps, or launching (many kernels under 10 µs, with
-    the launches per step and the CPU time per launch). Each cause's share of the gap time divides
-    the bucket. Launching is split by the kernel before the gap: under 10 µs, launch overhead of tiny
-    kernels; longer, Python slower per op than the GPU.
+    activity returned — split by what the thread that made that call was doing, instant by instant
+    (`details.parts`): waiting in a synchronizing call (cudaStreamSynchronize, cudaDeviceSynchronize,
+    cudaEventSynchronize, blocking cudaMemcpy, `.item()`'s aten::_local_scalar_dense; the cause only
+    for as long as the call lasted), running Python (named by its innermost frame with with_stack,
+    else by the annotation around it), inside a framework op outside its children and launches
+    (dispatch), in launch calls, in data-loading code, or nothing recorded. Each part has its share of
+    the bucket, its time per launch and the names that held it; the shares add up to 1.
+    `details.by_cause` keeps the older split by what was on the host when the GPU ran dry.
 
     Why it costs MFU: the GPU cannot run work that has not been launched; every microsecond the
     host spends behind it is a microsecond of idle tensor cores.
 
-    What to do: launch-bound: CUDA graphs (`torch.compile(mode="reduce-overhead")`,
-    `torch.cuda.graphs`) or fewer, larger kernels (`torch.compile`); syncs: keep values on the GPU
-    (no `.item()`, `.cpu()`, `print(tensor)` in the step; log every N steps); a slow optimizer:
-    `fused=True`/`foreach=True`; a slow step boundary: move logging and checkpointing off the step.
+    What to do: by the largest part (docs/rules.md lists each condition). Python in gaps over 1 ms
+    (preprocessing): move it off the GPU's path or overlap it; Python or dispatch per op: fewer,
+    larger ops (`torch.compile`), CUDA graphs; launch calls: CUDA graphs
+    (`torch.compile(mode="reduce-overhead")`); syncs: keep values on the GPU (no `.item()`,
+    `.cpu()`, `print(tensor)` in the step); a slow optimizer: `fused=True`/`foreach=True`.
     """
 
     code = "MFU010"
