@@ -56,7 +56,7 @@ class ExposedCollectives(Rule[Params]):
     after the wait for late ranks (MFU005) and pipeline send/recv (MFU002) are taken out: the
     transfer part of exposed collectives. Grouped by process group, collective and size, with the
     bus bandwidth each achieved against what a message of that size can reach on the link it
-    should run on (NVLink inside a node, the network across nodes): NCCL's fixed cost per call plus
+    should run on (NVLink, or AMD's xGMI, inside a node; the network across nodes): NCCL's fixed cost per call plus
     the bytes at the link's bandwidth (diag/knowledge/links.py `reach`). A small message is latency-bound and
     gets no bandwidth verdict.
 
@@ -106,16 +106,18 @@ class ExposedCollectives(Rule[Params]):
         if run.inference:   # no gradients: what is exposed is tensor/expert-parallel traffic of the forward
             advice = ("hide the forward's collectives behind compute: larger batches per forward, fewer "
                       "tensor-parallel ranks (--tensor-parallel-size) where the model fits, all-reduce fused "
-                      "with the next norm (custom or symmetric-memory all-reduce, NCCL NVLS), --tp-comm-overlap")
+                      "with the next norm (custom or symmetric-memory all-reduce"
+                      + (", NCCL NVLS" if run.vendor.key == "nvidia" else "") + "), --tp-comm-overlap")
         if slow:
+            # RCCL reads the same NCCL_* variables (its environment-variable docs).
             advice += (f"; {len(slow)} group(s) reach under {self.params.slow_vs_reach:.0%} of the bus bandwidth "
-                       "their message size allows on their link: check NCCL topology and algorithm "
-                       "(NCCL_DEBUG=INFO, NCCL_ALGO, NCCL_IB_* settings)")
+                       f"their message size allows on their link: check {run.vendor.collectives} topology and "
+                       "algorithm (NCCL_DEBUG=INFO, NCCL_ALGO, NCCL_IB_* settings)")
         if any(g.latency_bound for g in top[:1]):
             fewer = "larger batches per forward" if run.inference else _LARGER_MESSAGES.get(kind or "")
             ways = ", ".join([*([fewer] if fewer else []), "coalesced collectives"])
-            advice += (f"; the largest group is latency-bound: fewer, larger messages ({ways}) amortize NCCL's "
-                       "fixed cost per call")
+            advice += (f"; the largest group is latency-bound: fewer, larger messages ({ways}) amortize "
+                       f"{run.vendor.collectives}'s fixed cost per call")
         evidence = [f"coll:{inst}" for g in top for inst in g.instances[:3]]
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("exposed_comm"), ranks, steps,
@@ -127,6 +129,7 @@ class ExposedCollectives(Rule[Params]):
     def _groups(self, run: RunContext) -> list[_Group]:
         acc: dict[tuple[str, str, int | None], _Group] = {}
         nvlink = run.peak.nvlink_gbps or LINKS["nvlink4"].gbps
+        vendor = run.vendor
         per_node = {r.rank: r.gpus_per_node for r in run.ranks}
         for mt in run.matched:
             c = mt.call
@@ -137,7 +140,7 @@ class ExposedCollectives(Rule[Params]):
             key = (c.pg_name, c.collective, size_class)
             g = acc.get(key)
             if g is None:
-                g = acc[key] = _Group(c.pg_name, c.pg_desc, c.collective)
+                g = acc[key] = _Group(c.pg_name, c.pg_desc, c.collective, fabric=vendor.link, library=vendor.collectives)
                 if c.group_ranks:
                     gpn = per_node.get(c.rank) or 8
                     one_node = len({int(r) // gpn for r in c.group_ranks.split(",")}) == 1
@@ -168,6 +171,8 @@ class _Group(msgspec.Struct):
     exposed_ms: float = 0.0       # over all ranks and steps: the transfer only, waits for late ranks taken out
     link: Link | None = None
     link_gbps: float | None = None  # the part's own NVLink figure, where known
+    fabric: str = "NVLink"          # what the vendor calls the link inside a node (parts.toml [vendor.*])
+    library: str = "NCCL"
     sizes: list[int] = msgspec.field(default_factory=list)
     busbw: list[float] = msgspec.field(default_factory=list)
     reach: list[Reach] = msgspec.field(default_factory=list)
@@ -190,7 +195,7 @@ class _Group(msgspec.Struct):
 
     @property
     def link_name(self) -> str | None:
-        return None if self.link is None else "NVLink" if self.link.key == "nvlink4" else "network (IB NDR)"
+        return None if self.link is None else self.fabric if self.link.key == "nvlink4" else "network (IB NDR)"
 
     @property
     def link_bw_gbps(self) -> float | None:
@@ -220,7 +225,7 @@ class _Group(msgspec.Struct):
             return ""
         if self.latency_bound:
             return (f", latency-bound: bus bandwidth {bw:.3g} GB/s where such messages can reach {can:.3g} GB/s "
-                    f"on {self.link_name} (NCCL's fixed cost per call outweighs the bytes)")
+                    f"on {self.link_name} ({self.library}'s fixed cost per call outweighs the bytes)")
         return (f", bus bandwidth {bw:.0f} GB/s: {bw / can:.0%} of the {can:.0f} GB/s this message size can "
                 f"reach on {self.link_name} ({self.link_bw_gbps:.0f} GB/s)")
 

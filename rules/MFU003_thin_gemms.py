@@ -94,7 +94,7 @@ class ThinGemms(Rule[Params]):
             if f.thin:
                 thin.append(i)
                 shapes.append(ThinShape(*mnk, f.tiles, f.sms, f.intensity, f.ridge,
-                                        gemm_shape.attention_shaped(tl.op_name[i], mnk)))
+                                        gemm_shape.attention_shaped(tl.op_name[i], mnk, i in ctx.attention_bmms)))
             elif tl.end_ns[i] > tl.ts_ns[i]:
                 healthy.append(tl.flops[i] / ((tl.end_ns[i] - tl.ts_ns[i]) * 1e-9) / 1e12)
         idx = np.asarray(thin, np.int64)

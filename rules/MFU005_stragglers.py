@@ -28,7 +28,7 @@ class Stragglers(Rule[Params]):
     host stalls every rank in the group, every step.
 
     What to do: look at the named rank's host — thermal or power throttling
-    (`nvidia-smi -q -d PERFORMANCE`), a slower NIC or PCIe link, a CPU-bound data loader or
+    (`nvidia-smi -q -d PERFORMANCE`; on AMD `amd-smi metric`), a slower NIC or PCIe link, a CPU-bound data loader or
     noisy neighbour on that node — and replace or drain it; rebalance uneven work (pipeline
     stages, sequence lengths).
     """
@@ -63,7 +63,7 @@ class Stragglers(Rule[Params]):
         names = ", ".join(f"rank {r} (last to arrive in {last_count[r]} collectives; the others waited "
                           f"{waited_for[r] * 1e3:.1f} ms in total for it)" for r in culprits)
         summary = f"ranks wait {frac:.1%} of the step for late arrivals; the late: {names}"
-        advice = (f"inspect rank(s) {', '.join(map(str, culprits))}: GPU throttling (nvidia-smi -q -d PERFORMANCE), "
+        advice = (f"inspect rank(s) {', '.join(map(str, culprits))}: GPU throttling ({run.vendor.smi}), "
                   "slow NIC/PCIe, a CPU-bound loader or noisy neighbour on that host; drain or replace it, "
                   "or rebalance uneven work")
         return [Finding(

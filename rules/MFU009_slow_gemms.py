@@ -13,6 +13,7 @@ import numpy.typing as npt
 from diag.attribution import gemm_shape
 from diag.attribution.analysis import Finding, RankContext, RunContext, severity
 from diag.attribution.digest import TF32_KERNEL
+from diag.knowledge import hardware
 from rules.base import Rule
 
 
@@ -55,28 +56,101 @@ class SlowGemmDigest(msgspec.Struct, frozen=True):
     step: npt.NDArray[np.int64]
     dur_s: npt.NDArray[np.float64]
     flops: npt.NDArray[np.float64]
+    matmul_s: float = 0.0                   # all GEMM/attention kernel time in steps, FLOPs known or not ...
+    conv_s: float = 0.0                     # ... and the part of it convolutions ran
+
+
+# cuBLAS/cuDNN kernels that run on tensor cores by their names (HMMA/xmma/tensorop, the Volta
+# h884/s884 and Turing/Ampere h1688/s1688/16816 instruction shapes): an unaligned M did not keep them off.
+_TENSOR_CORE_KERNEL = re.compile(r"tensorop|xmma|hmma|[hs]884|[hs]1688|16816|wgmma|mfma", re.IGNORECASE)
+# A dimension pays for a partial tile when padding it to TILE would add at least this share of work.
+TILE, TILE_WASTE = 64, 0.10
+FP32_CAUSE = "fp32"   # worded in findings(), where the part's peaks are known
+# Convolution kernels and ops by name: cuDNN's (volta_scudnn_*, implicit_convolve_sgemm, winograd,
+# wgrad/dgrad engines) and the aten ops that launch them.
+_CONV = re.compile(r"conv|winograd|scudnn|[dw]grad", re.IGNORECASE)
 
 
 def causes_of(mnk: tuple[int, int, int] | None, dtype: str | None, kernel: str, op: str | None,
-              after_layout_copy: bool) -> set[str]:
-    """What about one GEMM a user can change, each as the advice that fixes it."""
+              after_layout_copy: bool, beside_softmax: bool = False) -> set[str]:
+    """What about one GEMM a user can change, each as the advice that fixes it, naming the dims
+    that need it."""
     out = set()
     if mnk is not None:
         align = 16 if dtype == "fp8" else 8
-        if any(d % align for d in mnk):
-            out.add(f"pad M, N, K to multiples of {align} (tensor cores need it; 64 is best)")
-        elif any(d % 64 for d in mnk):
-            out.add("pad M, N, K to multiples of 64 (whole tiles)")
+        # M (the output's rows) is tiled without an alignment need of its own: on a tensor-core
+        # kernel only N and K are judged (788×3072×768 already ran on tensor cores).
+        judged = (("N", mnk[1]), ("K", mnk[2])) if _TENSOR_CORE_KERNEL.search(kernel) else \
+            (("M", mnk[0]), ("N", mnk[1]), ("K", mnk[2]))
+        off = [f"{name}={d}" for name, d in judged if d % align]
+        partial = [f"{name}={d}" for name, d in zip("MNK", mnk, strict=True)
+                   if d % TILE and (-d % TILE) / (d + -d % TILE) >= TILE_WASTE]
+        shape = "×".join(map(str, mnk))
+        if off:
+            out.add(f"pad {', '.join(off)} ({shape}) to a multiple of {align} (tensor cores need it)")
+        elif partial:
+            out.add(f"pad {', '.join(partial)} ({shape}) to a multiple of {TILE} (a partial tile wastes over "
+                    f"{TILE_WASTE:.0%} of its work)")
     if dtype == "fp32" and not TF32_KERNEL.search(kernel):
-        out.add("fp32 matmuls without TF32: torch.backends.cuda.matmul.allow_tf32 = True "
-                "(or torch.set_float32_matmul_precision('high')), or train in bf16")
+        out.add(FP32_CAUSE)
     if after_layout_copy:
         out.add("a transpose is copied before the GEMM: keep weights/activations in the layout the GEMM reads")
     if _SPLIT_K.search(kernel):
         out.add("split-K on a small shape: batch more tokens per GEMM")
-    if gemm_shape.attention_shaped(op, mnk):
-        out.add("attention as batched matmuls: use F.scaled_dot_product_attention / FlashAttention")
+    if gemm_shape.attention_shaped(op, mnk, beside_softmax):
+        out.add("attention as batched matmuls around a softmax: use F.scaled_dot_product_attention / FlashAttention")
     return out
+
+
+_PAD = re.compile(r"^pad (.+) (to a multiple of .+)$")
+
+
+def _merge_padding(causes: list[str]) -> list[str]:
+    """One line per padding target, listing each shape's dims: "pad N=647, K=30 (98304×647×30);
+    K=1705 (1024×1024×1705) to a multiple of 8 ..."."""
+    out: list[str] = []
+    dims: dict[str, list[str]] = {}
+    for c in causes:
+        m = _PAD.match(c)
+        if m is None:
+            out.append(c)
+        else:
+            dims.setdefault(m.group(2), []).append(m.group(1))
+    return [f"pad {'; '.join(d)} {target}" for target, d in dims.items()] + out
+
+
+def precision_advice(part: hardware.Part | None, dtype: str, convs: bool) -> str | None:
+    """Mixed precision first when the matmuls run in fp32 (or TF32) on a part whose 16-bit tensor
+    cores peak at least twice as high, with the ratio from parts.toml; TF32 where the part has it."""
+    if part is None or dtype not in ("fp32", "tf32") or dtype not in part.dense_tflops:
+        return None
+    fast = "bf16" if "bf16" in part.dense_tflops else "fp16" if "fp16" in part.dense_tflops else None
+    if fast is None or part.dense_tflops[fast] < 2 * part.dense_tflops[dtype]:
+        return None
+    ratio = part.dense_tflops[fast] / part.dense_tflops[dtype]
+    what = "matmuls and convolutions" if convs else "matmuls"
+    text = (f"{what} run in {dtype} on {part.name}, whose {fast} tensor-core peak is {ratio:.0f}× its "
+            f"{dtype} peak ({part.dense_tflops[fast]:g} vs {part.dense_tflops[dtype]:g} TFLOP/s dense): train in "
+            f"mixed precision (torch.autocast(\"cuda\", dtype=torch.{'bfloat16' if fast == 'bf16' else 'float16'})"
+            + (", with GradScaler" if fast == "fp16" else "") + ")")
+    if dtype == "fp32" and "tf32" in part.dense_tflops:
+        text += (f", or TF32 at least ({part.dense_tflops['tf32']:g} TFLOP/s: torch.backends.cuda.matmul.allow_tf32 "
+                 "= True" + (", torch.backends.cudnn.allow_tf32 = True" if convs else "") + ")")
+    if convs:
+        text += "; convolutions in channels_last (model.to(memory_format=torch.channels_last))"
+    return text
+
+
+def fallback_advice(part: hardware.Part | None, convs: bool, smi: str) -> str:
+    """No cause in the trace: what is left to try, for what the part and the ops allow. Transformer
+    Engine's kernels are linear layers and attention on Hopper and later (fp8 in the part's
+    table), never convolutions."""
+    tries = ['torch.compile(mode="max-autotune")']
+    if not convs and part is not None and "fp8" in part.dense_tflops:
+        tries.append("Transformer Engine kernels")
+    if convs:
+        tries.append("torch.backends.cudnn.benchmark = True")
+    return f"no layout or dtype cause in the trace: try {' or '.join(tries)}, and check clocks ({smi})"
 
 
 class SlowGemms(Rule[Params]):
@@ -115,12 +189,19 @@ class SlowGemms(Rule[Params]):
         kernel, kclass, flops, step_of = tl.kernel.tolist(), tl.kclass.tolist(), tl.flops.tolist(), tl.step_of.tolist()
         fits = ctx.gemm_fits
         last_on_stream: dict[object, int] = {}
+        matmul_s = conv_s = 0.0
         for i in range(len(tl)):
             prev = last_on_stream.get(stream[i])
             if kernel[i]:
                 last_on_stream[stream[i]] = i
             kind = kclass[i]
-            if kind not in ("gemm", "attention") or flops[i] <= 0 or step_of[i] < 0:
+            if kind not in ("gemm", "attention") or step_of[i] < 0:
+                continue
+            dur = float(tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
+            matmul_s += dur
+            if _CONV.search(names[i] or "") or _CONV.search(tl.op_name[i] or ""):
+                conv_s += dur
+            if flops[i] <= 0:
                 continue
             mnk = tl.gemm_mnk[i]
             if kind == "gemm" and (fit := fits.get(i)) is not None and fit.thin:
@@ -135,16 +216,17 @@ class SlowGemms(Rule[Params]):
             row.flops += float(tl.flops[i])
             row.bytes += moved[i] or 0.0
             layout = prev is not None and tl.kclass[prev] == "other" and tl.op_name[prev] in _LAYOUT_OPS
-            row.causes |= causes_of(mnk, tl.dtype[i], names[i] or "", tl.op_name[i], layout)
+            row.causes |= causes_of(mnk, tl.dtype[i], names[i] or "", tl.op_name[i], layout, i in ctx.attention_bmms)
             if len(row.evidence) < EVIDENCE:
                 row.evidence.append(f"act:{tl.file_id}:{i}")
             idx.append(i)
             cls.append(j)
-        if not idx:
+        if not matmul_s:
             return None
         a = np.asarray(idx, np.int64)
         return SlowGemmDigest(tl.file_id, rows, np.asarray(cls, np.int64), tl.step_of[a],
-                              ((tl.end_ns[a] - tl.ts_ns[a]) * 1e-9).astype(np.float64), tl.flops[a])
+                              ((tl.end_ns[a] - tl.ts_ns[a]) * 1e-9).astype(np.float64), tl.flops[a],
+                              matmul_s, conv_s)
 
     def findings(self, run: RunContext) -> list[Finding]:
         frac = run.mean_fraction("gemm_inefficiency")
@@ -206,9 +288,7 @@ class SlowGemms(Rule[Params]):
             summary += (f"; worst: {r0['op'] or r0['kind']} {shape} {r0['dtype'] or ''} at "
                         f"{r0['achieved_tflops']:.0f} TFLOP/s where its shape can reach {r0['reachable_tflops']:.0f}")
         causes = sorted({x for c in worst if gain_by_class[c.key] > 0 for x in c.causes})
-        advice = "; ".join(causes) if causes else (
-            "no layout or dtype cause in the trace: try torch.compile(mode=\"max-autotune\") or Transformer "
-            "Engine kernels, and check clocks (nvidia-smi -q -d PERFORMANCE)")
+        advice = "; ".join(self._advice(run, causes, digests))
         return [Finding(
             self.code, self.slug, severity(recoverable * 100), frac, lost_s, ranks, steps,
             [e for c in worst for e in c.evidence], advice, summary, run.what_if(recoverable),
@@ -216,3 +296,19 @@ class SlowGemms(Rule[Params]):
              "no ceiling known for this part: measured against the dense peak"},
             bucket="gemm_inefficiency", recoverable_fraction=recoverable,
         )]
+
+    def _advice(self, run: RunContext, causes: list[str], digests: list[SlowGemmDigest]) -> list[str]:
+        """The worst shapes' causes; fp32 worded for the part (precision_advice), and with no cause
+        of a shape, the run's own dtype on the part, else what is left to try (fallback_advice)."""
+        part = hardware.PARTS.get(run.peak.part_key) if run.peak.part_key else None
+        matmul_s = sum(d.matmul_s for d in digests)
+        convs = bool(matmul_s) and sum(d.conv_s for d in digests) >= matmul_s / 2
+        lines = _merge_padding([c for c in causes if c != FP32_CAUSE])
+        if FP32_CAUSE in causes:
+            lines.insert(0, precision_advice(part, "fp32", convs) or (
+                "fp32 matmuls without TF32: torch.backends.cuda.matmul.allow_tf32 = True (or "
+                "torch.set_float32_matmul_precision('high')), or train in bf16"))
+        if lines:
+            return lines
+        precision = precision_advice(part, run.peak.dtype, convs)
+        return [precision] if precision else [fallback_advice(part, convs, run.vendor.smi)]

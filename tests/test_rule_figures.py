@@ -10,7 +10,7 @@ import pytest
 from diag.attribution import gemm_shape
 from diag.knowledge import hardware
 from diag.timeline.nesting import overlapped, points_within
-from rules.MFU009_slow_gemms import causes_of
+from rules.MFU009_slow_gemms import causes_of, fallback_advice, precision_advice
 from rules.MFU011_copies import advice_for
 from rules.MFU012_unfused_elementwise import chain_gain
 
@@ -85,22 +85,39 @@ def test_ceiling_table_row_by_row(row: gemm_shape.Ceiling) -> None:
 
 
 def test_attention_shaped_matmuls() -> None:
-    assert gemm_shape.attention_shaped("aten::bmm", (2048, 2048, 64))      # QKᵀ: K = head_dim
-    assert gemm_shape.attention_shaped("aten::bmm", (2048, 64, 2048))      # PV: N = head_dim
-    assert not gemm_shape.attention_shaped("aten::mm", (2048, 2048, 64))   # a projection
-    assert not gemm_shape.attention_shaped("aten::bmm", (2048, 4096, 4096))
+    assert gemm_shape.attention_shaped("aten::bmm", (2048, 2048, 64), True)      # QKᵀ: K = head_dim
+    assert gemm_shape.attention_shaped("aten::bmm", (2048, 64, 2048), True)      # PV: N = head_dim
+    assert not gemm_shape.attention_shaped("aten::mm", (2048, 2048, 64), True)   # a projection
+    assert not gemm_shape.attention_shaped("aten::bmm", (2048, 4096, 4096), True)
+    # A recommender's feature interaction: a head-sized bmm with no softmax beside it (issue 35).
+    assert not gemm_shape.attention_shaped("aten::bmm", (27, 27, 16), False)
+
+
+def test_attention_bmms_need_a_softmax_between_two() -> None:
+    ops = ["aten::bmm", "aten::div", "aten::_softmax", "aten::bmm", "aten::addmm", "aten::bmm"]
+    assert gemm_shape.attention_bmms(ops, [7] * 6, [True] * 6) == {0, 3}
+    # On another stream, or with no bmm after it, the softmax marks nothing.
+    assert gemm_shape.attention_bmms(ops, [7, 7, 7, 8, 7, 8], [True] * 6) == set()
+    assert gemm_shape.attention_bmms(["aten::bmm", "aten::bmm", "aten::mul"], [7] * 3, [True] * 3) == set()
 
 
 def test_slow_gemm_causes() -> None:
-    assert any("multiples of 8" in c for c in causes_of((4095, 4096, 4096), "bf16", "k", "aten::mm", False))
-    assert any("multiples of 64" in c for c in causes_of((4104, 4096, 4096), "bf16", "k", "aten::mm", False))
-    assert any("allow_tf32" in c for c in causes_of((4096, 4096, 4096), "fp32", "ampere_sgemm_128x64_tn",
-                                                      "aten::mm", False))
+    assert causes_of((4095, 4096, 4096), "bf16", "k", "aten::mm", False) == {
+        "pad M=4095 (4095×4096×4096) to a multiple of 8 (tensor cores need it)"}
+    # On a tensor-core kernel M is not judged: 788×3072×768 (issue 35) ran on tensor cores.
+    assert not causes_of((788, 3072, 768), "bf16", "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "aten::mm", False)
+    assert causes_of((1024, 647, 30), "bf16", "sm80_xmma_gemm_bf16", "aten::mm", False) == {
+        "pad N=647, K=30 (1024×647×30) to a multiple of 8 (tensor cores need it)"}
+    # A partial tile: 96 pads to 128 (25% of the work wasted); 4104 to 4160 (1.3%) is not worth it.
+    assert any("N=96 (1024×96×512) to a multiple of 64" in c for c in causes_of((1024, 96, 512), "bf16", "k", "aten::mm", False))
+    assert not causes_of((4104, 4096, 4096), "bf16", "k", "aten::mm", False)
+    assert "fp32" in causes_of((4096, 4096, 4096), "fp32", "ampere_sgemm_128x64_tn", "aten::mm", False)
     # A TF32 tensor-core kernel is the fix already in place.
     assert not causes_of((4096, 4096, 4096), "fp32", "ampere_tf32_s1688gemm_tf32_128x128", "aten::mm", False)
     assert any("transpose" in c for c in causes_of((4096, 4096, 4096), "bf16", "k", "aten::mm", True))
     assert any("split-K" in c for c in causes_of((256, 256, 8192), "bf16", "gemm_splitKreduce_kernel", "aten::mm", False))
-    assert any("scaled_dot_product" in c for c in causes_of((2048, 2048, 64), "bf16", "k", "aten::bmm", False))
+    assert any("scaled_dot_product" in c for c in causes_of((2048, 2048, 64), "bf16", "k", "aten::bmm", False, True))
+    assert not causes_of((2048, 2048, 64), "bf16", "k", "aten::bmm", False, False)
 
 
 def test_fused_chain_savings() -> None:
@@ -140,3 +157,22 @@ def test_a_gap_is_overlapped_when_any_mark_crosses_it() -> None:
         assert overlapped(s, e, a, b).tolist() == want
         within = [bool(((e >= aj) & (e <= bj)).any()) for aj, bj in zip(a, b, strict=True)]
         assert points_within(e, a, b).tolist() == within
+
+
+def test_precision_advice_reads_the_parts_peaks() -> None:
+    """fp32 on a tensor-core part: mixed precision first, at the ratio of parts.toml's peaks
+    (V100: fp16 125 vs fp32 15.7 TFLOP/s, 8×; no TF32 or bf16 on Volta); convolutions add
+    channels_last, and Transformer Engine is never offered for them or before Hopper (issue 35)."""
+    v100, h100 = hardware.PARTS["v100"], hardware.PARTS["h100-sxm"]
+    text = precision_advice(v100, "fp32", convs=True)
+    assert text is not None and "8× its fp32 peak (125 vs 15.7 TFLOP/s dense)" in text
+    assert "torch.float16" in text and "GradScaler" in text and "channels_last" in text
+    assert "tf32" not in text.lower()
+    text = precision_advice(h100, "fp32", convs=False)
+    assert text is not None and "15× its fp32 peak (989 vs 67" in text and "allow_tf32" in text
+    assert precision_advice(h100, "bf16", convs=False) is None
+    assert precision_advice(None, "fp32", convs=False) is None
+    assert "Transformer Engine" not in fallback_advice(v100, convs=True, smi="nvidia-smi -q -d PERFORMANCE")
+    assert "Transformer Engine" not in fallback_advice(hardware.PARTS["a100-80gb"], convs=False, smi="x")
+    assert "Transformer Engine" in fallback_advice(h100, convs=False, smi="x")
+    assert "Transformer Engine" not in fallback_advice(h100, convs=True, smi="x")

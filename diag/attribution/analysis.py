@@ -13,7 +13,7 @@ import numpy as np
 from diag.attribution import gemm_shape
 from diag.attribution.digest import RankDigest
 from diag.attribution.ledger import StepLedger
-from diag.knowledge.hardware import Part
+from diag.knowledge.hardware import Part, Vendor, vendor_of
 from diag.timeline.clocks import ClockOffset
 from diag.timeline.collectives import Matched
 from diag.timeline.rank import RankTimeline
@@ -61,6 +61,12 @@ class RankContext:
     def idle_gaps(self) -> IdleGaps:
         """The GPU's idle gaps in this rank's steps: MFU010 and MFU013 both read them, built once."""
         return idle_gaps(self.tl)
+
+    @cached_property
+    def attention_bmms(self) -> set[int]:
+        """Batched matmuls a softmax stands between (gemm_shape.attention_bmms): MFU003 and MFU009
+        call a bmm attention-shaped only among these."""
+        return gemm_shape.attention_bmms(self.tl.op_name, self.tl.stream, self.tl.kernel.tolist())
 
     @cached_property
     def gemm_fits(self) -> dict[int, gemm_shape.ShapeFit]:
@@ -147,6 +153,12 @@ class RunContext(msgspec.Struct):
     @property
     def inference(self) -> bool:
         return self.workload == "inference"
+
+    @property
+    def vendor(self) -> Vendor:
+        """Whose link, collective library and tools advice names (parts.toml [vendor.*])."""
+        names = [r.device_props.get("name") for r in self.ranks if r.device_props]
+        return vendor_of(self.peak.part_key, names[0] if names else None)
 
     def mean_fraction(self, bucket: str) -> float:
         if not self.ledgers:

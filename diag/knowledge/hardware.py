@@ -42,14 +42,35 @@ class Part:
     source: str  # the datasheet the figures come from
     name_pattern: re.Pattern[str]  # searched in deviceProperties.name
     example: str  # a deviceProperties.name the driver reports for this part
+    vendor: str = "nvidia"  # a key of VENDORS
     has_sparsity: bool = True  # 2:4 structured sparsity (Ampere and later)
     default_dtype: str = "bf16"  # what a run is assumed to compute in when nothing records it
+
+
+@dataclass(frozen=True)
+class Vendor:
+    """What advice names for a vendor's parts: the link inside a node, the collective library, the
+    tool that shows clocks and throttling (parts.toml [vendor.*])."""
+
+    key: str
+    link: str
+    collectives: str
+    smi: str
+    source: str
+
+
+# A run whose part is not known: both vendors' names, never one vendor's alone.
+UNKNOWN_VENDOR = Vendor("unknown", "NVLink or xGMI", "NCCL or RCCL",
+                        "nvidia-smi -q -d PERFORMANCE or amd-smi metric", "no part identified")
+# deviceProperties names of AMD GPUs the table may not list ("AMD Radeon Graphics", "AMD Instinct MI300X").
+_AMD_NAME = re.compile(r"\b(AMD|Radeon|Instinct)\b|\bMI\d{3}", re.IGNORECASE)
 
 
 def _load() -> tuple[Part, ...]:
     text = resources.files("diag.knowledge").joinpath(TABLE).read_text(encoding="utf-8")
     return tuple(
         Part(key=r["key"], name=r["name"], sms=r["sms"], mem_gib=r["mem_gib"], hbm_gbps=float(r["hbm_gbps"]),
+             vendor=r["vendor"],
              nvlink_gbps=float(r["nvlink_gbps"]), dense_tflops=MappingProxyType(dict(r["dense_tflops"])),
              source=r["source"], has_sparsity=r.get("has_sparsity", True), default_dtype=r.get("default_dtype", "bf16"),
              name_pattern=re.compile(r["name_pattern"], re.IGNORECASE), example=r["example"])
@@ -57,8 +78,14 @@ def _load() -> tuple[Part, ...]:
     )
 
 
+def _load_vendors() -> Mapping[str, Vendor]:
+    text = resources.files("diag.knowledge").joinpath(TABLE).read_text(encoding="utf-8")
+    return MappingProxyType({k: Vendor(k, **v) for k, v in tomllib.loads(text)["vendor"].items()})
+
+
 TABLE = "data/parts.toml"
 _PART_LIST = _load()
+VENDORS = _load_vendors()
 _BY_KEY = {p.key: p for p in _PART_LIST}
 
 # Short names several parts share, and the part each means: the one training fleets mostly run
@@ -224,3 +251,16 @@ _TRACE_DTYPES: Mapping[str, str] = {
 
 def dtype_from_trace(input_type: str) -> str | None:
     return _TRACE_DTYPES.get(input_type.strip())
+
+
+def vendor_of(part_key: str | None, device_name: str | None) -> Vendor:
+    """The vendor of the identified part; else the one the device's name says (an AMD name), else
+    unknown: never one vendor's link or tool for a GPU nobody identified."""
+    part = _BY_KEY.get(part_key) if part_key else None
+    if part is not None:
+        return VENDORS[part.vendor]
+    if device_name and _AMD_NAME.search(device_name):
+        return VENDORS["amd"]
+    if device_name and "NVIDIA" in device_name.upper():
+        return VENDORS["nvidia"]
+    return UNKNOWN_VENDOR
