@@ -33,17 +33,34 @@ _TRAINING_ADVICE = {
                  "and backward_prefetch=BACKWARD_PRE (FSDP2: explicit forward/backward prefetch), Megatron's "
                  "distributed optimizer with --overlap-param-gather and --overlap-grad-reduce; sequence-parallel "
                  "all-gathers: --tp-comm-overlap",
-    "alltoall": "overlap the all-to-all with compute: MoE token dispatch and combine: Megatron "
-                "--overlap-moe-expert-parallel-comm (with --delay-wgrad-compute), DeepEP or HybridEP "
-                "(--moe-token-dispatcher-type flex), fewer expert-parallel ranks, each group within a node; sharded "
-                "embeddings (TorchRec, fbgemm): a pipelined train loop (TrainPipelineSparseDist) that runs the next "
-                "batch's input and embedding all-to-alls beside this one's dense compute; Ulysses sequence "
-                "parallelism: fewer ranks per sequence-parallel group",
+    "alltoall": "overlap the all-to-all with compute: {moe}; {recommender}; Ulysses sequence parallelism: "
+                "fewer ranks per sequence-parallel group",
     "": "overlap gradient communication with backward: DDP bucket_cap_mb, Megatron "
         "--overlap-grad-reduce/--overlap-param-gather, FSDP backward_prefetch/forward_prefetch; "
         "tensor-parallel: --tp-comm-overlap",
 }
 _TRAINING_ADVICE["reducescatter"] = _TRAINING_ADVICE["allgather"]
+# An all-to-all's knobs by what the run is (workload_mix.family_of): MoE dispatch and combine, or
+# sharded embeddings; a run of neither kind gets both, and Ulysses.
+_ALLTOALL = {
+    "moe": "MoE token dispatch and combine: Megatron --overlap-moe-expert-parallel-comm (with "
+           "--delay-wgrad-compute), fewer expert-parallel ranks, each group within a node{ep}",
+    "recommender": "sharded embeddings (TorchRec, fbgemm): a pipelined train loop (TrainPipelineSparseDist) that "
+                   "runs the next batch's input and embedding all-to-alls beside this one's dense compute",
+}
+_DEEPEP = ", DeepEP or HybridEP (--moe-token-dispatcher-type flex)"
+# DeepEP in use: its kernels stay resident and hold SMs; deep_ep.Buffer.set_num_sms sizes that share.
+_DEEPEP_IN_USE = "; DeepEP is in use: size the SMs its kernels hold (deep_ep.Buffer.set_num_sms) against the GEMMs beside them"
+
+
+def alltoall_advice(family: str, deepep: bool) -> str:
+    """The all-to-all's knobs for this family, never recommending DeepEP to a run that has it."""
+    moe = _ALLTOALL["moe"].format(ep=_DEEPEP_IN_USE if deepep else _DEEPEP)
+    if family == "moe" or deepep:
+        return f"overlap the all-to-all with compute: {moe}"
+    if family == "recommender":
+        return f"overlap the all-to-all with compute: {_ALLTOALL['recommender']}"
+    return _TRAINING_ADVICE["alltoall"].format(moe=moe, recommender=_ALLTOALL["recommender"])
 # How each kind sends fewer, larger messages when the largest group is latency-bound.
 _LARGER_MESSAGES = {"allreduce": "a larger bucket_cap_mb", "allgather": "larger FSDP units",
                     "reducescatter": "larger FSDP units", "alltoall": "more tokens or samples per all-to-all"}
@@ -102,7 +119,8 @@ class ExposedCollectives(Rule[Params]):
                         "over all ranks and steps")
             summary += g.bandwidth_text()
         kind = normalize_collective(top[0].collective) if top else None
-        advice = _TRAINING_ADVICE.get(kind or "", _TRAINING_ADVICE[""])
+        advice = (alltoall_advice(run.family.family, run.uses("deepep")) if kind == "alltoall"
+                  else _TRAINING_ADVICE.get(kind or "", _TRAINING_ADVICE[""]))
         if run.inference:   # no gradients: what is exposed is tensor/expert-parallel traffic of the forward
             advice = ("hide the forward's collectives behind compute: larger batches per forward, fewer "
                       "tensor-parallel ranks (--tensor-parallel-size) where the model fits, all-reduce fused "

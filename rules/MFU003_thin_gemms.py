@@ -149,6 +149,9 @@ class ThinGemms(Rule[Params]):
         if total_s and attention_s >= total_s / 2:
             advice = ("the thin GEMMs are attention written as batched matmuls (K or N = head_dim under aten::bmm): "
                       "use fused attention (F.scaled_dot_product_attention, FlashAttention)")
+        elif run.family.family in ("recommender", "convnet"):
+            # No tensor parallelism or QKV there: the thin dimension is the per-rank batch.
+            advice = "give each GEMM enough rows to fill the GPU: raise the per-rank batch size"
         else:
             advice = ("give each GEMM enough tokens to fill the GPU: raise the micro-batch size, lower "
                       "--tensor-model-parallel-size, fuse small projections (QKV in one GEMM)")

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from diag.attribution import gemm_shape
 from diag.attribution.analysis import Finding, RankContext, RunContext, severity
 from diag.attribution.digest import TF32_KERNEL
+from diag.attribution.workload_mix import CONV
 from diag.knowledge import hardware
 from rules.base import Rule
 
@@ -66,9 +67,6 @@ _TENSOR_CORE_KERNEL = re.compile(r"tensorop|xmma|hmma|[hs]884|[hs]1688|16816|wgm
 # A dimension pays for a partial tile when padding it to TILE would add at least this share of work.
 TILE, TILE_WASTE = 64, 0.10
 FP32_CAUSE = "fp32"   # worded in findings(), where the part's peaks are known
-# Convolution kernels and ops by name: cuDNN's (volta_scudnn_*, implicit_convolve_sgemm, winograd,
-# wgrad/dgrad engines) and the aten ops that launch them.
-_CONV = re.compile(r"conv|winograd|scudnn|[dw]grad", re.IGNORECASE)
 
 
 def causes_of(mnk: tuple[int, int, int] | None, dtype: str | None, kernel: str, op: str | None,
@@ -199,7 +197,7 @@ class SlowGemms(Rule[Params]):
                 continue
             dur = float(tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
             matmul_s += dur
-            if _CONV.search(names[i] or "") or _CONV.search(tl.op_name[i] or ""):
+            if CONV.search(names[i] or "") or CONV.search(tl.op_name[i] or ""):
                 conv_s += dur
             if flops[i] <= 0:
                 continue

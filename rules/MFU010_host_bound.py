@@ -375,7 +375,7 @@ class HostBound(Rule[Params]):
                 run: RunContext) -> list[str]:
         """One line per part that holds at least a fifth of the bucket (and always the largest),
         largest first, each from the figures details.parts shows."""
-        graphs = any(r.graph_launches for r in run.ranks)
+        graphs = run.uses("cuda_graphs")
         top = max(parts, key=lambda k: parts[k]["share"])
         lines = []
         for part in sorted(parts, key=lambda k: -parts[k]["share"]):
@@ -392,7 +392,7 @@ class HostBound(Rule[Params]):
                 us = p["us_per_launch"]
                 lines.append("Python between ops" + (f", {duration(us / 1e6)} per launch" if us else "")
                              + (f" ({names})" if names and p["frames_recorded"] else "")
-                             + ": fewer, larger ops (torch.compile), no per-op Python (hooks, logging) in the step"
+                             + f": fewer, larger ops ({run.compile_knob}), no per-op Python (hooks, logging) in the step"
                              + ("" if graphs else ", or CUDA graphs (torch.compile(mode=\"reduce-overhead\")) to replay "
                                 "the step without Python"))
             elif part == "dispatch":
@@ -401,14 +401,14 @@ class HostBound(Rule[Params]):
                                                             "launch" if us else "")
                              + (f" against {per_launch:.1f} µs per launch call" if per_launch else "")
                              + (f" ({names})" if names else "")
-                             + ": fewer, larger ops (torch.compile)"
+                             + f": fewer, larger ops ({run.compile_knob})"
                              + ("" if graphs else "; CUDA graphs replay the step without it"))
             elif part == "launch":
                 lines.append(f"{launches:.0f} launches per step, {tiny:.0%} of kernels under "
                              f"{self.params.tiny_kernel_us:g} µs" + (f", {per_launch:.1f} µs CPU per launch" if per_launch else "")
-                             + (": fuse kernels (torch.compile)" if graphs else
+                             + (f": fuse kernels ({run.compile_knob})" if graphs else
                                 ": capture the step in CUDA graphs (torch.compile(mode=\"reduce-overhead\")) or fuse "
-                                "kernels (torch.compile)"))
+                                f"kernels ({run.compile_knob})"))
             elif part == "sync_wait":
                 lines.append("remove host syncs from the step" + (f" ({names})" if names else "")
                              + ": keep values on the GPU, no .item()/.cpu()/print(tensor) per layer, log every N steps")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diag.attribution import gemm_shape
+from diag.attribution import gemm_shape, workload_mix
 from diag.knowledge import hardware
 from diag.timeline.nesting import overlapped, points_within
 from rules.MFU009_slow_gemms import causes_of, fallback_advice, precision_advice
@@ -95,10 +95,10 @@ def test_attention_shaped_matmuls() -> None:
 
 def test_attention_bmms_need_a_softmax_between_two() -> None:
     ops = ["aten::bmm", "aten::div", "aten::_softmax", "aten::bmm", "aten::addmm", "aten::bmm"]
-    assert gemm_shape.attention_bmms(ops, [7] * 6, [True] * 6) == {0, 3}
+    assert workload_mix.attention_bmms(ops, [7] * 6, [True] * 6) == {0, 3}
     # On another stream, or with no bmm after it, the softmax marks nothing.
-    assert gemm_shape.attention_bmms(ops, [7, 7, 7, 8, 7, 8], [True] * 6) == set()
-    assert gemm_shape.attention_bmms(["aten::bmm", "aten::bmm", "aten::mul"], [7] * 3, [True] * 3) == set()
+    assert workload_mix.attention_bmms(ops, [7, 7, 7, 8, 7, 8], [True] * 6) == set()
+    assert workload_mix.attention_bmms(["aten::bmm", "aten::bmm", "aten::mul"], [7] * 3, [True] * 3) == set()
 
 
 def test_slow_gemm_causes() -> None:

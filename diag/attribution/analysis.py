@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from diag.attribution import gemm_shape
+from diag.attribution import gemm_shape, workload_mix
 from diag.attribution.digest import RankDigest
 from diag.attribution.ledger import StepLedger
 from diag.knowledge.hardware import Part, Vendor, vendor_of
@@ -66,7 +66,7 @@ class RankContext:
     def attention_bmms(self) -> set[int]:
         """Batched matmuls a softmax stands between (gemm_shape.attention_bmms): MFU003 and MFU009
         call a bmm attention-shaped only among these."""
-        return gemm_shape.attention_bmms(self.tl.op_name, self.tl.stream, self.tl.kernel.tolist())
+        return workload_mix.attention_bmms(self.tl.op_name, self.tl.stream, self.tl.kernel.tolist())
 
     @cached_property
     def gemm_fits(self) -> dict[int, gemm_shape.ShapeFit]:
@@ -153,6 +153,33 @@ class RunContext(msgspec.Struct):
     @property
     def inference(self) -> bool:
         return self.workload == "inference"
+
+    def uses(self, feature: str) -> bool:
+        """Whether any rank's trace shows the run using `feature` (workload_mix.py names them;
+        cuda_graphs: kernels a graph launch ran): advice never recommends it."""
+        if feature == "cuda_graphs":
+            return any(r.graph_launches for r in self.ranks)
+        return any(r.mix is not None and feature in r.mix.features for r in self.ranks)
+
+    @property
+    def compile_knob(self) -> str:
+        """How advice names torch.compile: as the fix, or, where the trace shows it in use (Triton
+        kernels, CompiledFunction), as more of the step under it."""
+        if self.uses("torch_compile"):
+            return "more of the step under torch.compile (it is in use: fewer graph breaks)"
+        return "torch.compile"
+
+    @property
+    def family(self) -> workload_mix.Family:
+        """What the run is, by its kernel mix over all ranks (workload_mix.family_of)."""
+        signals: dict[str, int] = {}
+        features: set[str] = set()
+        for r in self.ranks:
+            if r.mix is not None:
+                for k, v in r.mix.signals.items():
+                    signals[k] = signals.get(k, 0) + v
+                features |= set(r.mix.features)
+        return workload_mix.family_of(signals, features)
 
     @property
     def vendor(self) -> Vendor:

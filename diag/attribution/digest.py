@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from diag.attribution.workload_mix import Mix, attention_bmms, mix_of
 from diag.knowledge import kernels
 from diag.timeline.collectives import Call, calls_of
 from diag.timeline.columns import numpy_of
@@ -54,6 +55,7 @@ class RankDigest(msgspec.Struct):
     graph_launches: int = 0             # graph launch calls behind them
     # The data loader's CPU spans (own clock): the critical path calls idle time under them `host`.
     dataloader_spans: tuple[I64, I64] = msgspec.field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    mix: Mix | None = None              # kernel time by family signal, and features in use (workload_mix.py)
 
 
 def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:
@@ -75,6 +77,7 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         graph_kernel_ns=int(kernel_dur[graph].sum()),
         graph_launches=len(set(np.asarray(tl.correlation, dtype=object)[tl.kernel][graph].tolist())),
         dataloader_spans=tl.dataloader_spans,
+        mix=mix_of(tl, attention_bmms(tl.op_name, tl.stream, tl.kernel.tolist())),
     )
     return digest, runs
 

@@ -20,6 +20,7 @@ from types import MappingProxyType
 import msgspec
 
 from diag.attribution.digest import TF32_KERNEL
+from diag.attribution.workload_mix import BATCHED
 from diag.knowledge import hardware
 
 
@@ -50,7 +51,6 @@ CEILINGS = _load()
 _TILE = re.compile(r"(?:tilesize|_)(\d{1,3})x(\d{1,3})(?=x|_|$)")
 
 # Attention as plain batched matmuls: QKᵀ has K = head_dim, PV has N = head_dim.
-_BATCHED = frozenset({"aten::bmm", "aten::baddbmm"})
 MAX_HEAD_DIM = 256
 
 
@@ -131,29 +131,5 @@ def attention_shaped(op_name: str | None, mnk: tuple[int, int, int] | None, besi
     """A batched matmul with a head-sized inner or output dimension, one of the two around a
     softmax (attention_bmms): attention done by hand. The shape alone is not enough: a
     recommender's feature interaction is a bmm [16,27,27] too, with no softmax."""
-    return beside_softmax and op_name in _BATCHED and mnk is not None and min(mnk[1], mnk[2]) <= MAX_HEAD_DIM
+    return beside_softmax and op_name in BATCHED and mnk is not None and min(mnk[1], mnk[2]) <= MAX_HEAD_DIM
 
-
-# Attention by hand runs bmm (QKᵀ), softmax, bmm (PV) on one stream, with a scale, a mask or a
-# dropout between: a softmax within this many kernels of a bmm on each side marks both bmms.
-SOFTMAX_WINDOW = 4
-
-
-def attention_bmms(op_name: list[str | None], stream: list[object], kernel: list[bool]) -> set[int]:
-    """The activities (indices) of batched matmuls with a softmax between them and another batched
-    matmul on the same stream, SOFTMAX_WINDOW kernels apart at most (the backward's softmax
-    gradient counts: _softmax_backward_data)."""
-    by_stream: dict[object, list[int]] = {}
-    for i, k in enumerate(kernel):
-        if k:
-            by_stream.setdefault(stream[i], []).append(i)
-    out: set[int] = set()
-    for seq in by_stream.values():
-        for j, i in enumerate(seq):
-            if "softmax" not in (op_name[i] or ""):
-                continue
-            before = [x for x in seq[max(0, j - SOFTMAX_WINDOW): j] if op_name[x] in _BATCHED]
-            after = [x for x in seq[j + 1: j + 1 + SOFTMAX_WINDOW] if op_name[x] in _BATCHED]
-            if before and after:
-                out |= {before[-1], after[0]}
-    return out

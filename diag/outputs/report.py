@@ -15,6 +15,7 @@ from diag import __version__
 from diag.attribution.critical_path import report_entry
 from diag.attribution.ledger import BUCKETS
 from diag.attribution.what_if import what_if_words
+from diag.attribution.workload_mix import FEATURES
 from diag.engine.run import Analysis
 from diag.runtime.durations import duration, percent
 
@@ -44,6 +45,9 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "steps": len(by_step),
         "timeline": "host" if any(r.host_timeline for r in run.ranks) else "gpu",
         "workload": run.workload,
+        # What the run is and what it already uses, by its kernel and op names (workload_mix.py).
+        "workload_family": {"family": run.family.family, "evidence": run.family.evidence,
+                            "uses": sorted(f for f in FEATURES if run.uses(f))},
         "steps_excluded": [{"rank": rank, "step": step, "why": why} for rank, step, why in run.steps_excluded],
         "device": {"name": run.peak.part_name, "part": run.peak.part_key, "peak_tflops": run.peak.tflops,
                    "dtype": run.peak.dtype, "dtype_mix": dict(run.peak.dtype_mix), "peak_source": run.peak.source,
