@@ -74,7 +74,8 @@ class Recompute(Rule[Params]):
                   "(--recompute-num-layers), or shard/offload to free memory instead")
         if kind == "selective":
             advice = ("recomputation is already selective; checkpoint fewer layers or free memory by "
-                      "sharding (FSDP/ZeRO) or activation offload")
+                      + ("activation offload (FSDP is in use)" if run.uses("fsdp") else
+                         "sharding (FSDP/ZeRO) or activation offload"))
         evidence = [e for r in run.ranks for e in r.rules.get(self.code) or ()][:EVIDENCE]
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("recompute"), ranks, steps,

@@ -110,11 +110,12 @@ class KernelInefficiency(Rule[Params]):
         ranks = sorted({r.rank for r in run.ranks if r.file_id in files})
         summary = (f"non-matmul kernels below {self.params.min_bw_fraction:.0%} of HBM bandwidth waste {frac:.1%} "
                    f"of the step; worst: {worst[0][:80]}")
-        advice = ("fuse memory-bound kernels: torch.compile, fused RMSNorm/LayerNorm, fused or foreach AdamW, "
+        advice = (f"fuse memory-bound kernels: {run.compile_knob}, fused RMSNorm/LayerNorm, fused or foreach AdamW, "
                   "Transformer Engine/Apex kernels; avoid many tiny launches")
         if run.inference:   # no optimizer step to fuse
-            advice = ("fuse memory-bound kernels: torch.compile, fused RMSNorm/LayerNorm and rotary/activation "
-                      "kernels, Transformer Engine/Apex kernels; CUDA graphs for many tiny launches")
+            advice = (f"fuse memory-bound kernels: {run.compile_knob}, fused RMSNorm/LayerNorm and rotary/activation "
+                      "kernels, Transformer Engine/Apex kernels"
+                      + ("" if run.uses("cuda_graphs") else "; CUDA graphs for many tiny launches"))
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, frac * _mean_window(run), ranks, [],
             [e for k in worst for e in evidence[k][:EVIDENCE]], advice, summary, run.what_if(frac),

@@ -71,6 +71,10 @@ PARTS = {
 # A host-bound gap this long is a block of host work (preprocessing, a decode), not the per-op
 # cost of eager execution: 1 ms is the host time of ~100 launches at 5-10 µs each.
 LONG_GAP_NS = 1_000_000
+# Dispatch per launch this long is not eager overhead but one-off work inside ops (allocation,
+# autotuning, first calls): the shared traces' steady-state runs show 3.7-131 µs per launch, HTA's
+# alexnet and simple_add captures (cuDNN autotuning in their one step) 376-410 ms.
+ONE_OFF_US = 1000.0
 # Span kinds past rank.py's SPAN_OP, SPAN_ANNOTATION, SPAN_FRAME: launch calls and sync calls.
 _LAUNCH, _SYNC = 3, 4
 _DATA_FRAME = "torch/utils/data/"
@@ -395,6 +399,11 @@ class HostBound(Rule[Params]):
                              + f": fewer, larger ops ({run.compile_knob}), no per-op Python (hooks, logging) in the step"
                              + ("" if graphs else ", or CUDA graphs (torch.compile(mode=\"reduce-overhead\")) to replay "
                                 "the step without Python"))
+            elif part == "dispatch" and (p["us_per_launch"] or 0) >= ONE_OFF_US:
+                lines.append(f"ops hold the host {duration(p['us_per_launch'] / 1e6)} per launch outside their "
+                             f"launches ({names}): not per-op overhead but work inside them (allocator growth, "
+                             "cuDNN autotuning with torch.backends.cudnn.benchmark, first calls); profile steps after "
+                             "warm-up to see the steady state")
             elif part == "dispatch":
                 us = p["us_per_launch"]
                 lines.append("framework overhead per op" + (f": {duration(us / 1e6)} of op time outside launches per "
