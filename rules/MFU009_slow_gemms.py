@@ -13,6 +13,7 @@ import numpy.typing as npt
 from diag.attribution import gemm_shape
 from diag.attribution.analysis import Finding, RankContext, RunContext, severity
 from diag.attribution.digest import TF32_KERNEL
+from diag.attribution.resident_comm import Resident, resident, summarize
 from diag.attribution.workload_mix import CONV
 from diag.knowledge import hardware
 from rules.base import Rule
@@ -59,6 +60,7 @@ class SlowGemmDigest(msgspec.Struct, frozen=True):
     flops: npt.NDArray[np.float64]
     matmul_s: float = 0.0                   # all GEMM/attention kernel time in steps, FLOPs known or not ...
     conv_s: float = 0.0                     # ... and the part of it convolutions ran
+    resident: Resident | None = None        # communication kernels beside the GEMMs (resident_comm.py)
 
 
 # cuBLAS/cuDNN kernels that run on tensor cores by their names (HMMA/xmma/tensorop, the Volta
@@ -66,6 +68,9 @@ class SlowGemmDigest(msgspec.Struct, frozen=True):
 _TENSOR_CORE_KERNEL = re.compile(r"tensorop|xmma|hmma|[hs]884|[hs]1688|16816|wgmma|mfma", re.IGNORECASE)
 # A dimension pays for a partial tile when padding it to TILE would add at least this share of work.
 TILE, TILE_WASTE = 64, 0.10
+# Resident communication is named when it runs beside GEMMs this share of the step, holding this
+# share of the SMs (a tenth: NCCL's ring all-reduce on 16 channels holds 16 of H100's 132).
+RESIDENT_SHARE, RESIDENT_SMS = 0.2, 0.1
 FP32_CAUSE = "fp32"   # worded in findings(), where the part's peaks are known
 
 
@@ -224,7 +229,7 @@ class SlowGemms(Rule[Params]):
         a = np.asarray(idx, np.int64)
         return SlowGemmDigest(tl.file_id, rows, np.asarray(cls, np.int64), tl.step_of[a],
                               ((tl.end_ns[a] - tl.ts_ns[a]) * 1e-9).astype(np.float64), tl.flops[a],
-                              matmul_s, conv_s)
+                              matmul_s, conv_s, resident(tl))
 
     def findings(self, run: RunContext) -> list[Finding]:
         frac = run.mean_fraction("gemm_inefficiency")
@@ -286,12 +291,13 @@ class SlowGemms(Rule[Params]):
             summary += (f"; worst: {r0['op'] or r0['kind']} {shape} {r0['dtype'] or ''} at "
                         f"{r0['achieved_tflops']:.0f} TFLOP/s where its shape can reach {r0['reachable_tflops']:.0f}")
         causes = sorted({x for c in worst if gain_by_class[c.key] > 0 for x in c.causes})
-        advice = "; ".join(self._advice(run, causes, digests))
+        beside = summarize([(d.file_id, d.resident) for d in digests if d.resident is not None], set(run.states))
+        advice = "; ".join(self._advice(run, causes, digests) + self._resident_advice(run, beside))
         return [Finding(
             self.code, self.slug, severity(recoverable * 100), frac, lost_s, ranks, steps,
             [e for c in worst for e in c.evidence], advice, summary, run.what_if(recoverable),
             {"shapes": rows, "ceiling": cap, "ceiling_source": ceiling.source if ceiling else
-             "no ceiling known for this part: measured against the dense peak"},
+             "no ceiling known for this part: measured against the dense peak", "resident_comm": beside},
             bucket="gemm_inefficiency", recoverable_fraction=recoverable,
         )]
 
@@ -310,3 +316,17 @@ class SlowGemms(Rule[Params]):
             return lines
         precision = precision_advice(part, run.peak.dtype, convs)
         return [precision] if precision else [fallback_advice(part, convs, run.vendor.smi)]
+
+    def _resident_advice(self, run: RunContext, beside: dict[str, Any] | None) -> list[str]:
+        """Communication kernels that ran beside the GEMMs a fifth of the step or more, holding a
+        tenth of the SMs or more: the GEMMs had the rest of the part."""
+        if beside is None or beside["share_of_step_beside_gemms"] < RESIDENT_SHARE:
+            return []
+        held, sms = beside["sms_held"], beside["sms"]
+        if not held or not sms or held / sms < RESIDENT_SMS:
+            return []
+        knob = ("deep_ep.Buffer.set_num_sms" if run.uses("deepep") else
+                f"{run.vendor.collectives}'s NCCL_MAX_NCHANNELS / NCCL_MAX_CTAS")
+        return [f"communication kernels ({', '.join(k[:60] for k in beside['kernels'][:2])}) run beside the GEMMs "
+                f"{beside['share_of_step_beside_gemms']:.0%} of the step holding {held} of {sms} SMs: the GEMMs "
+                f"get the rest; give communication fewer SMs ({knob}) where its own time allows"]

@@ -138,7 +138,8 @@ class RankTimeline:
     steps: Steps
     # Parallel columns over activities. `acts` holds those read from the store as they came
     # (read_ranks: source, name, device, stream, ts, end, bytes (copies), correlation, launch_ts, launch_end,
-    # ext, launch_tid, graph: launched by a CUDA/HIP graph launch): rank_rows writes them out as they are,
+    # ext, launch_tid, graph: launched by a CUDA/HIP graph launch, grid_blocks: its grid's thread
+    # blocks): rank_rows writes them out as they are,
     # and Python reads them by index through the list properties below, made on first use.
     acts: pa.Table
     kernel: npt.NDArray[np.bool_]      # an SM kernel (source 'kernel'), not a copy-engine event
@@ -501,17 +502,20 @@ _ACTIVITIES = """
         FROM runtime_calls WHERE file_id IN ({files}) AND correlation IS NOT NULL AND correlation <> 0
         GROUP BY file_id, correlation
     ), act AS (
+        -- grid_blocks: the kernel's thread blocks (grid x·y·z), what a resident kernel holds SMs by.
         SELECT file_id, 'kernel' AS source, name, device, stream, ts_ns, ts_ns + dur_ns AS end_ns, correlation,
-               external_id, NULL::BIGINT AS bytes
+               external_id, NULL::BIGINT AS bytes,
+               TRY_CAST(grid->>'$[0]' AS BIGINT) * coalesce(TRY_CAST(grid->>'$[1]' AS BIGINT), 1)
+                   * coalesce(TRY_CAST(grid->>'$[2]' AS BIGINT), 1) AS grid_blocks
         FROM kernels WHERE file_id IN ({files})
         UNION ALL
-        SELECT file_id, kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id, bytes
+        SELECT file_id, kind, name, device, stream, ts_ns, ts_ns + dur_ns, correlation, external_id, bytes, NULL::BIGINT
         FROM copies WHERE file_id IN ({files})
     )
     SELECT act.file_id, act.source, act.name, act.device, act.stream, act.ts_ns AS ts, act.end_ns AS "end", act.bytes,
            act.correlation, launch.ts AS launch_ts, launch."end" AS launch_end,
            coalesce(nullif(act.external_id, 0), launch.ext) AS ext, launch.tid AS launch_tid,
-           coalesce(launch.graph, false) AS graph
+           coalesce(launch.graph, false) AS graph, act.grid_blocks
     FROM act LEFT JOIN launch ON launch.file_id = act.file_id AND launch.correlation = act.correlation
     ORDER BY act.file_id, act.ts_ns, act.end_ns
 """
@@ -520,7 +524,7 @@ _ACTIVITIES = """
 _HOST_ACTIVITIES = """
     SELECT file_id, 'kernel' AS source, name, NULL::INTEGER AS device, tid AS stream, ts_ns AS ts, ts_ns + dur_ns AS "end",
            NULL::BIGINT AS bytes, NULL::BIGINT AS correlation, ts_ns AS launch_ts, NULL::BIGINT AS launch_end, external_id AS ext,
-           tid AS launch_tid, false AS graph
+           tid AS launch_tid, false AS graph, NULL::BIGINT AS grid_blocks
     FROM cpu_ops
     WHERE file_id IN ({files}) AND ((cat = 'cpu_op' AND name LIKE 'aten::%') OR name LIKE 'gloo:%')
     ORDER BY file_id, ts_ns, ts_ns + dur_ns
