@@ -11,8 +11,9 @@ from diag.attribution.analysis import Finding, RankContext, RunContext, severity
 from diag.attribution.digest import RankDigest
 from diag.runtime.durations import duration
 from diag.timeline.columns import I64
+from diag.timeline.host_spans import frame_label
 from diag.timeline.nesting import innermost_pieces, overlapped
-from diag.timeline.rank import RankTimeline, frame_label
+from diag.timeline.rank import RankTimeline
 from diag.timeline.states import union
 from rules.base import Rule
 

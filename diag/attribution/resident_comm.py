@@ -13,7 +13,8 @@ from collections import Counter
 import msgspec
 import numpy as np
 
-from diag.timeline.rank import RankTimeline, numpy_of
+from diag.timeline.columns import numpy_of
+from diag.timeline.rank import RankTimeline
 from diag.timeline.states import covered_ns, union
 
 
