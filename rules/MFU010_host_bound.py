@@ -54,7 +54,7 @@ CAUSES = {
 PARTS = {
     "sync_wait": "waiting in synchronizing calls",
     "python": "in Python between ops",
-    "dispatch": "inside framework ops, outside their children and launches (dispatch per op)",
+    "dispatch": "in framework dispatch (op time outside child ops and launches)",
     "launch": "in launch API calls",
     "dataloader": "in data-loading code on the launching thread",
     "other": "with nothing recorded on the launching thread",
@@ -186,8 +186,8 @@ class HostBound(Rule[Params]):
         parts = self._parts(run, counted, frac)
         top = max(parts, key=lambda k: (parts[k]["share"], k == "python")) if parts else None
         if top is not None and parts[top]["share"] > 0:
-            summary = (f"GPU idle waiting for launches {frac:.1%} of the step, mostly {PARTS[top]} "
-                       f"({parts[top]['share']:.0%} of it)")
+            summary = (f"GPU idle waiting for launches {frac:.1%} of the step, {parts[top]['share']:.0%} of it "
+                       f"{PARTS[top]}")
             # The names that hold a twentieth of the part or more, up to three.
             names = [t for t in parts[top]["top"] if t["name"] != NO_SPAN and t["share"] >= 0.05][:3]
             if names:

@@ -119,7 +119,7 @@ def test_generated_cases_name_their_construction(tmp_path: Path, case: str) -> N
     top = max(parts, key=lambda k: parts[k]["share"])
     if case == "host_bound":
         assert top == "python" and parts["python"]["us_per_launch"] > 10
-        assert "mostly in Python between ops" in f["summary"]
+        assert "of it in Python between ops" in f["summary"]
     else:
         assert parts["dispatch"]["share"] + parts["launch"]["share"] > parts["python"]["share"]
         assert "launches per step" in f["advice"]
