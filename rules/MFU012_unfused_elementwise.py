@@ -145,8 +145,9 @@ class UnfusedElementwise(Rule[Params]):
                         f"({chain_s * 1e3 / max(len(run.ledgers), 1):.2f} ms per rank-step), {recoverable:.1%} "
                         f"recoverable by fusing them; largest: {len(worst[0])} kernels ×{chains[worst[0]].count}")
         optimizer = "" if run.inference else "AdamW(fused=True), "   # inference runs no optimizer
-        advice = (f"fuse memory-bound chains: {run.compile_knob}, fused add+norm (Apex/Transformer Engine), "
-                  f"{optimizer}fused bias+activation epilogues")
+        fused = ", ".join(x for x in (run.compile_knob, run.norm_fusion, optimizer.rstrip(", "),
+                                      "fused bias+activation epilogues") if x)
+        advice = f"fuse memory-bound chains: {fused}"
         return [Finding(
             self.code, self.slug, severity(recoverable * 100), frac, run.mean_seconds("non_matmul"),
             *run.involved("non_matmul", 0.0), [e for k in worst for e in chains[k].evidence], advice, summary,

@@ -170,6 +170,17 @@ class RunContext(msgspec.Struct):
         return "torch.compile"
 
     @property
+    def norm_fusion(self) -> str:
+        """The fused kernels a family's memory-bound chains have: a transformer's norms (Apex,
+        Transformer Engine), a convnet's conv+BN+activation; a recommender's neither."""
+        family = self.family.family
+        if family == "convnet":
+            return "BatchNorm+activation fused after each convolution"
+        if family == "recommender":
+            return ""
+        return "fused add+norm (Apex/Transformer Engine)"
+
+    @property
     def family(self) -> workload_mix.Family:
         """What the run is, by its kernel mix over all ranks (workload_mix.family_of)."""
         signals: dict[str, int] = {}
