@@ -9,6 +9,7 @@ RunContext adds them up over ranks (`family`, `uses`).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
@@ -59,7 +60,7 @@ class Mix(msgspec.Struct):
 SOFTMAX_WINDOW = 12
 
 
-def attention_bmms(op_name: list[str | None], stream: list[object], kernel: list[bool]) -> set[int]:
+def attention_bmms(op_name: Sequence[str | None], stream: Sequence[object], kernel: Sequence[bool]) -> set[int]:
     """The activities (indices) of batched matmuls with a softmax between them and another batched
     matmul on the same stream, SOFTMAX_WINDOW kernels apart at most (the backward's softmax
     gradient counts: _softmax_backward_data)."""
