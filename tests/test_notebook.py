@@ -1,0 +1,138 @@
+"""The notebook API (diag/notebook.py, issue 39): `import diag` stays cheap, docs/notebook.md's cells
+run as written, and each table agrees with the report it sits beside, derived here on its own."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+from helpers import ROOT, shared_traces
+
+import diag
+from diag.outputs.report_types import Report
+
+pytestmark = pytest.mark.xdist_group("notebook")
+
+
+def test_import_diag_loads_no_engine() -> None:
+    """`import diag` (and so `diag --help`) loads neither DuckDB, polars nor the engine: diag.open does."""
+    code = ("import sys, diag; assert callable(diag.open); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('duckdb', 'polars', 'pyarrow', 'numpy') "
+            "or m in ('diag.notebook', 'diag.engine.run')))")
+    # callable(diag.open) imports the notebook module: ask before it, in a second process.
+    bare = subprocess.run([sys.executable, "-c", "import sys, diag; print(sorted(m for m in sys.modules "
+                           "if m.split('.')[0] in ('duckdb', 'polars', 'pyarrow', 'numpy') or m == 'diag.notebook'))"],
+                          capture_output=True, text=True, cwd=ROOT, check=True)
+    assert bare.stdout.strip() == "[]", bare.stdout
+    opened = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "diag.notebook" in opened.stdout
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'opne'"):
+        diag.opne  # type: ignore[attr-defined]  # noqa: B018
+
+
+def _cells(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+
+
+def test_the_notebook_page_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/notebook.md's cells, in order, in one namespace, from the repository's root (the page's
+    paths are relative to it); the cells check their own figures against the report."""
+    shared_traces()
+    cells = _cells(ROOT / "docs" / "notebook.md")
+    assert len(cells) >= 8
+    monkeypatch.chdir(ROOT)
+    namespace: dict[str, object] = {}
+    for cell in cells:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(cell, "docs/notebook.md", "exec"), namespace)   # noqa: S102
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[diag.Run]:
+    path = shared_traces() / "HolisticTraceAnalysis/tests/data/trace_filter"
+    with diag.open(str(path)) as r:
+        yield r
+
+
+def test_report_is_the_document_typed(run: diag.Run) -> None:
+    assert isinstance(run.report, Report)
+    assert run.report.ranks == run.document["ranks"] == [0, 1]
+    assert run.report.world_size == 128
+    assert [f.code for f in run.report.findings] == [f["code"] for f in run.document["findings"]]
+
+
+def test_ledger_is_rank_by_step_by_bucket(run: diag.Run) -> None:
+    led = run.ledger()
+    assert led.columns == ["rank", "step", "bucket", "seconds", "fraction"]
+    assert led.height == 2 * 2 * 12                     # 2 ranks × 2 steps × the twelve buckets
+    # Each rank-step's fractions add to 1 (DESIGN.md: the buckets sum to the step).
+    sums = led.group_by("rank", "step").agg(pl.col("fraction").sum())["fraction"]
+    assert ((sums - 1).abs() < 0.01).all()
+    # The report's ledger_by_rank is the mean over that rank's steps.
+    for (rank, bucket), group in led.group_by("rank", "bucket"):
+        assert group["fraction"].mean() == pytest.approx(run.document["ledger_by_rank"][str(rank)][bucket], abs=1e-12)
+
+
+def test_steps_windows_are_the_report_s(run: diag.Run) -> None:
+    st = run.steps()
+    windows = sorted(st["window_ns"].to_list())
+    spread = run.document["step_time_spread_s"]
+    assert windows[0] * 1e-9 == pytest.approx(spread["min"]) and windows[-1] * 1e-9 == pytest.approx(spread["max"])
+    assert st["in_means"].all()
+
+
+def test_kernels_add_up_to_every_gpu_activity(run: diag.Run) -> None:
+    k = run.kernels()
+    total_ns = run.con.execute("SELECT sum(end_ns - ts_ns), count(*) FROM activities").fetchall()[0]
+    assert k["seconds"].sum() == pytest.approx(total_ns[0] * 1e-9) and k["calls"].sum() == total_ns[1]
+    assert k["share"].sum() == pytest.approx(1.0)
+    assert k["seconds"].is_sorted(descending=True)
+
+
+def test_collectives_name_the_straggler_mfu005_names(run: diag.Run) -> None:
+    """MFU005's summary counts, per late rank, the collectives it arrived last in: the same count
+    comes out of run.collectives() by hand."""
+    c = run.collectives()
+    late = c.filter(pl.col("rank") != pl.col("last_rank")).group_by("last_rank").agg(pl.col("instance").n_unique())
+    counts = dict(late.iter_rows())
+    summary = next(f.summary for f in run.report.findings if f.code == "MFU005")
+    for rank, n in counts.items():
+        assert f"rank {rank} (last to arrive in {n} collectives" in summary
+
+
+def test_findings_follow_the_report(run: diag.Run) -> None:
+    f = run.findings()
+    assert f["code"].to_list() == [x.code for x in run.report.findings]
+    assert f["recoverable_fraction"].is_sorted(descending=True)
+
+
+def test_critical_path_and_sql(run: diag.Run) -> None:
+    path = run.critical_path()
+    assert set(path["kind"].unique()) <= {"compute", "comm", "wait", "copy", "idle", "host"}
+    assert (path["dur_ns"] >= 0).all()
+    n = run.sql("SELECT count(*) AS n FROM kernels WHERE rank = $rank", {"rank": 1})
+    assert n["n"][0] == run.con.execute("SELECT count(*) FROM kernels WHERE rank = 1").fetchall()[0][0]
+
+
+def test_open_reports_bad_input_as_the_cli_does(tmp_path: Path) -> None:
+    from diag.runtime.errors import BadInput
+
+    with pytest.raises(BadInput, match="no such file"):
+        diag.open(str(tmp_path / "missing"))
+
+
+def test_text_is_analyze_s(run: diag.Run) -> None:
+    assert run.text().startswith("diag — where the step went\n2 of 128 ranks traced")
+    assert "MFU unknown" in repr(run) and run._repr_markdown_().startswith("# diag report")
+    assert os.fspath(run.path).endswith("trace_filter")
