@@ -81,7 +81,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def _add_report_options(p: argparse.ArgumentParser, html: bool = False) -> None:
     p.add_argument("--format", choices=FORMATS + ("html",) if html else FORMATS, default="text",
-                   help="html: one self-contained page with charts (no network)" if html else None)
+                   help="text for a terminal, json for programs and diag gate, markdown for a PR comment" + ("; html: one self-contained page with charts (no network)" if html else "")
+                        + " (default text)")
 
 
 def _add_ui_options(p: argparse.ArgumentParser) -> None:
@@ -164,9 +165,6 @@ def _live(p: argparse.ArgumentParser) -> None:
 def _gate(p: argparse.ArgumentParser) -> None:
     from diag import commands
 
-    p.description = ("Compare CURRENT with --baseline BASE and fail (exit 1) when MFU, a ledger bucket or a "
-                     "rule's findings got worse beyond the budget and beyond the baseline's step-to-step noise. "
-                     "Exit 2: bad input. See docs/gate.md.")
     p.add_argument("current", help="the new run: a diag.report/1 JSON (diag analyze --format json), a trace "
                                    "directory, or a diag DuckDB file")
     p.add_argument("--baseline", required=True, help="the reference run, in any of the same forms")
@@ -218,6 +216,94 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 }
 
 
+# name → what `diag NAME --help` says above the options: what it does, what it reads and writes, and
+# examples. Written wrapped (RawDescriptionHelpFormatter keeps the examples' lines as they are).
+DESCRIPTIONS: dict[str, str] = {
+    "ingest": """\
+Read traces into a DuckDB file, once: Kineto traces (.json, .json.gz, any layout torch's
+tensorboard_trace_handler writes) and NCCL-side dumps (Flight Recorder, NCCL Inspector, the NCCL
+profiler plugin), told apart by content. Atomic and idempotent per file; prints one line per
+file stored (path, rank, events, kind). analyze, tui and gate then read the DuckDB file.
+
+examples:
+  diag ingest traces/ --db run.duckdb
+  diag ingest rank0.json.gz rank1.json.gz --db run.duckdb --salvage""",
+    "analyze": """\
+Ingest what is new under PATH (or read a diag DuckDB file), split every step of every rank into
+the twelve buckets of the ledger, run the rules and print the report: MFU, the waterfall from the
+dense peak down to it, and the findings ordered by what a fix can win, each with its advice.
+
+examples:
+  diag analyze traces/
+  diag analyze traces/ --model llama3-8b --tokens-per-step 65536 --gpu h100
+  diag analyze traces/ --format json --out report.json
+  diag analyze traces/ --format html --out report.html""",
+    "export": """\
+Write every rank's trace on one aligned clock as Chrome trace-event JSON, with the ledger, the
+steps and the findings as tracks and arrows from waiting ranks to the late one. Open it at
+ui.perfetto.dev (Open trace file). docs/export.md describes the tracks.
+
+examples:
+  diag export traces/ --perfetto run.json.gz
+  diag export traces/ --perfetto cut.json --ranks 0-7 --steps 10-12""",
+    "tui": """\
+Explore an analysis in the terminal: overview, findings, rank x step heatmap, timeline and
+collectives. ? lists the keys; q quits.
+
+examples:
+  diag tui traces/
+  diag tui run.duckdb""",
+    "live": """\
+Follow the directory a running job's torch.profiler writes into: each new trace file is ingested
+once it is complete and the views update. The run counts as ended after --idle seconds without a
+new file.
+
+examples:
+  diag live /checkpoints/job42/traces""",
+    "gate": """\
+Compare CURRENT with --baseline BASE and fail (exit 1) when MFU, a ledger bucket or a rule's
+findings got worse beyond the budget and beyond the baseline's step-to-step noise. Exit 2: bad
+input. See docs/gate.md.
+
+examples:
+  diag analyze main_traces/ --format json --out base.json
+  diag gate --baseline base.json pr_traces/ --junit gate.xml""",
+    "mfu": """\
+MFU from throughput, or throughput from MFU, for a model on a number of GPUs, with the model FLOPs
+per token 6N (+ 12*L*H*Q*T with the attention sizes) against the part's dense peak. Give the model
+(--params or --model), the hardware (--gpus and --gpu or --peak-tflops) and exactly one known
+quantity.
+
+examples:
+  diag mfu --params 70e9 --gpus 1024 --gpu h100-sxm --tokens-per-s 12000
+  diag mfu --model llama3-8b --gpus 64 --gpu h100 --mfu 0.40 --format json""",
+    "demo": """\
+Generate a small run of 8 H100 ranks with known causes (exposed all-reduce, a straggler on rank 5,
+a slow data loader), analyze it and open the UI; without a terminal, or with --no-tui, print the
+report instead.
+
+examples:
+  diag demo
+  diag demo --no-tui --format markdown""",
+    "capture": """\
+Run a training command with the profiler settings the rules need (shapes, stacks, a schedule that
+writes one file per rank per cycle) and the model description beside the traces. Needs torch:
+pip install -e '.[capture]'. docs/capture.md.
+
+examples:
+  diag capture --out traces/ -- python train.py
+  diag capture --out traces/ --active 5 -- torchrun --nproc-per-node 8 train.py""",
+    "example": """\
+Run the example GPT (gloo on CPU, NCCL on GPUs) as --nproc processes, captured into --out, with
+switches that inject each cause for real (a slow rank, a slow data loader, recomputation, no
+overlap, pipeline stages). Needs torch: pip install -e '.[capture]'.
+
+examples:
+  diag example --out traces/ --nproc 2
+  diag example --out traces/ --nproc 2 --slow-rank 1 --slow-ms 20""",
+}
+
+
 def build_parser(argv: Sequence[str] | None = None) -> DiagParser:
     """The parser for `argv` (None: every command's, complete). Only the command `argv` names gets
     its arguments, and so its modules: `diag --help` lists the commands without importing any
@@ -229,7 +315,8 @@ def build_parser(argv: Sequence[str] | None = None) -> DiagParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, (line, add_arguments) in COMMANDS.items():
-        p = sub.add_parser(name, help=line)
+        p = sub.add_parser(name, help=line, description=DESCRIPTIONS[name],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if named is None or name == named:
             add_arguments(p)
     return parser

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from diag.ingest.early import begin_parse
 from diag.ingest.source import is_duckdb_file
+from diag.runtime.durations import data_size
 from diag.runtime.errors import BadInput, ExitCode, printable
 
 if TYPE_CHECKING:
@@ -207,11 +208,16 @@ def run_gate(args: argparse.Namespace) -> int:
 
 
 def _write(path: str, text: str, append: bool = False) -> None:
+    """`text` into PATH; a file the user named (--out, --junit) is said on stderr, "wrote PATH (size)",
+    so a run that prints nothing else on stdout still tells where its output went."""
     try:
         with open(path, "a" if append else "w", encoding="utf-8") as f:
             f.write(text)
+        size = os.stat(path).st_size
     except OSError as e:
         raise BadInput(path, f"cannot write: {e.strerror or e}") from e
+    if not append:
+        print(f"wrote {printable(path)} ({data_size(size)})", file=sys.stderr)
 
 
 def load_run(path: str, opts: AnalyzeOptions, ingest_opts: IngestOptions, db: str | None = None) -> Run:

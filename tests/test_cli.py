@@ -3,6 +3,7 @@ the version, and the one line a bad value earns. Every case runs `diag` as a rea
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pty
@@ -14,6 +15,8 @@ import pytest
 from helpers import ROOT, run_diag
 
 from diag import __version__
+from diag.cli import build_parser
+from diag.runtime.durations import data_size, number, percent, times
 
 pytestmark = pytest.mark.xdist_group("cli")
 
@@ -226,3 +229,46 @@ def test_a_command_imports_its_own_modules_only() -> None:
     for command, option in own.items():
         done = run_diag(command, "--help")
         assert done.returncode == 0 and f"usage: diag {command}" in done.stdout and option in done.stdout, command
+
+
+def test_every_command_and_option_says_what_it_does() -> None:
+    """Issue 39: `diag --help` and each `diag COMMAND --help` describe every command and every
+    option (ruff's and git's --help are the bar): a line for each command in the list, a paragraph
+    with examples above each command's options, and a help line for each option and argument."""
+    parser = build_parser(None)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    listed = {c.dest: c.help for c in sub._choices_actions}
+    missing = []
+    for name, p in sub.choices.items():
+        if not listed.get(name):
+            missing.append(f"{name}: no line in diag --help")
+        if not p.description or "examples:\n  diag " not in p.description or f"  diag {name} " not in p.description:
+            missing.append(f"{name}: no description with examples")
+        missing += [f"{name} {a.option_strings or a.dest}: no help" for a in p._actions if not a.help]
+    assert not missing, missing
+
+
+def test_out_says_where_the_report_went(demo_run: Path, tmp_path: Path) -> None:
+    """--out writes silently no more: one line on stderr, "wrote PATH (size)", the size in SI units
+    of the bytes on disk; stdout stays empty (it is data)."""
+    out = tmp_path / "report.json"
+    done = run_diag("analyze", str(demo_run), "--format", "json", "--out", str(out))
+    assert done.returncode == 0 and done.stdout == ""
+    size = out.stat().st_size
+    assert 1e3 <= size < 1e6                      # a demo report is tens of kB
+    assert done.stderr.splitlines()[-1] == f"wrote {out} ({size / 1e3:.1f} kB)"
+
+
+@pytest.mark.parametrize(("share", "says"), [(0.312, "31.2%"), (5.840865e-07, "0.000058%"), (-1e-5, "-0.0010%"),
+                                             (-0.0, "0.0%"), (4.5e-30, "4.5×10⁻²⁸%"), (None, "unknown")])
+def test_percent_is_for_people(share: float | None, says: str) -> None:
+    assert percent(share) == says
+
+
+def test_absurd_magnitudes_read_as_powers_of_ten() -> None:
+    """Issue 39: "1e+30 TFLOP/s" and "738564813755653096342552576.0× the FLOPs" as people write them;
+    numbers people type (989, 494.7 TFLOP/s) as before."""
+    assert [number(x) for x in (989.0, 494.7, 1979.0, 0.0125, 1e30, 3.2e-9)] == \
+        ["989", "494.7", "1979", "0.0125", "1×10³⁰", "3.2×10⁻⁹"]
+    assert times(2.345) == "2.3×" and times(7.385648137556531e26) == "7.4×10²⁶×"
+    assert [data_size(n) for n in (512, 12_345, 3_400_000)] == ["512 B", "12.3 kB", "3.4 MB"]

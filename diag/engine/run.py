@@ -29,6 +29,7 @@ from diag.ingest.ranks import check_one_run, rank_notes
 from diag.knowledge import hardware, kernels
 from diag.knowledge import model as model_mod
 from diag.runtime import store
+from diag.runtime.durations import number, times
 from diag.runtime.errors import BadInput
 from diag.runtime.executor import Executor, LocalExecutor
 from diag.runtime.lifetime import run_dir
@@ -191,7 +192,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     if mfu is not None and mfu > IMPOSSIBLE_MFU and spec is not None:
         raise BadInput(
             opts.model or spec.name,
-            f"the model description gives {mfu:.1f}× the FLOPs the GPUs can do at their dense peak in the "
+            f"the model description gives {times(mfu)} the FLOPs the GPUs can do at their dense peak in the "
             "measured steps: it does not describe this run (check params, tokens_per_step and --gpu)",
         )
     run = RunContext(ranks, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed, workload=workload,
@@ -322,7 +323,7 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
             if left_out:
                 src += f"; {', '.join(left_out)} left out: under {dtype_mix.NEGLIGIBLE_SHARE:.0%} of FLOPs, no peak on this part"
             if user is not None and not hardware.sparse_peak_matches(user, dtype=dtype) and abs(user - dense) > 1e-9:
-                dense, src = user, f"--peak-tflops {user:g} (the part's figure is {src})"
+                dense, src = user, f"--peak-tflops {number(user)} (the part's figure is {src})"
             return Peak(dense, part.key, part.name, dtype, src, user, part.hbm_gbps, part.nvlink_gbps,
                         shares, part.dense_tflops.get("bf16"))
         if user is None:
@@ -334,7 +335,7 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
     if user is not None:
         sparse = hardware.sparse_peak_matches(user, dtype=dtype)
         tflops = user / 2 if sparse else user
-        src = f"--peak-tflops {user:g}" + (" (a 'with sparsity' figure: halved to the dense peak)" if sparse else "")
+        src = f"--peak-tflops {number(user)}" + (" (a 'with sparsity' figure: halved to the dense peak)" if sparse else "")
         p = sparse[0][0] if sparse else None
         return Peak(tflops, p.key if p else None, p.name if p else None, dtype,
                     f"{src} ({mix.basis})" if mix.basis else src, user,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from diag.knowledge import hardware
 from diag.knowledge.model import ModelSpec, flops_per_token, load_model
+from diag.runtime.durations import number
 from diag.runtime.errors import BadInput, ExitCode
 from diag.runtime.option_types import positive_float, positive_int
 
@@ -108,7 +109,8 @@ def add_mfu_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--tokens-per-s", metavar="X", type=positive_float, help="global training throughput -> prints MFU")
     target.add_argument("--mfu", metavar="F", type=positive_float, help="MFU as a fraction, e.g. 0.40 -> prints tokens/s")
     target.add_argument("--tflops-per-gpu", metavar="X", type=positive_float, help="achieved model TFLOP/s per GPU -> prints MFU")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="json: one object {mfu, tokens_per_s, peak_tflops, flops_per_token} (default text)")
 
 
 def _model(args: argparse.Namespace) -> ModelSpec | None:
@@ -178,7 +180,7 @@ def _sparse_warning(peak_tflops: float, dtype: str) -> str | None:
         return None
     part, dt = matches[0]
     return (
-        f"warning: {peak_tflops:g} TFLOP/s is {part.name}'s {dt} peak *with sparsity*; its dense peak is "
+        f"warning: {number(peak_tflops)} TFLOP/s is {part.name}'s {dt} peak *with sparsity*; its dense peak is "
         f"{hardware.dense_peak_tflops(part, dt):g}, and MFU against the sparse figure is halved (MFU007)"
     )
 
@@ -212,9 +214,9 @@ def run_mfu(args: argparse.Namespace) -> int:
     )
     if result.mfu > 1:
         # More model FLOP/s than the GPUs can do at their dense peak: the inputs contradict each other.
-        raise BadInput(given[0], f"{known[given[0]]:g} is implausible: it means "
+        raise BadInput(given[0], f"{number(known[given[0]])} is implausible: it means "
                                  f"{result.model_tflops_per_gpu:,.0f} model TFLOP/s per GPU, {result.mfu * 100:,.0f}% of "
-                                 f"the {peak:g} TFLOP/s peak ({peak_source}); check it against the model, "
+                                 f"the {number(peak)} TFLOP/s peak ({peak_source}); check it against the model, "
                                  "--gpus and the peak")
     warning = None
     if peak_source == "--peak-tflops":
@@ -237,7 +239,7 @@ def render_text(result: MfuResult, peak_source: str, model: ModelSpec | None) ->
         term = "6N + 12LHQT" if model.layers else "6N; --layers --heads --head-dim --seq-len add attention"
         lines.append(f"FLOPs/token    {result.flops_per_token:.4g}  ({term})")
     lines.append(f"model TFLOP/s  {result.model_tflops_per_gpu:,.1f} per GPU")
-    lines.append(f"peak           {result.peak_tflops:g} TFLOP/s per GPU ({peak_source})")
+    lines.append(f"peak           {number(result.peak_tflops)} TFLOP/s per GPU ({peak_source})")
     if result.gpus is not None:
         lines.append(f"GPUs           {result.gpus:,}")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import msgspec
 
 from diag.attribution.ledger import BUCKETS
+from diag.runtime.durations import number
 from diag.runtime.errors import BadInput
 from rules import RULES
 
@@ -277,7 +278,7 @@ def _model_name(m: dict[str, Any] | None) -> str:
 
 
 def _device_name(d: ReportDevice) -> str:
-    peak = "unknown peak" if d.peak_tflops is None else f"{d.dtype} {d.peak_tflops:g} TFLOP/s"
+    peak = "unknown peak" if d.peak_tflops is None else f"{d.dtype} {number(d.peak_tflops)} TFLOP/s"
     return f"{d.name or d.part or 'unknown GPU'} ({peak})"
 
 

@@ -18,7 +18,7 @@ from diag.attribution.ledger import BUCKETS
 from diag.attribution.what_if import what_if_words
 from diag.engine.run import Analysis
 from diag.outputs.report import _header, _of, _waterfall
-from diag.runtime.durations import percent
+from diag.runtime.durations import number, percent
 
 # One colour per bucket (Okabe–Ito-like, distinguishable in colour-blindness simulations).
 COLOURS = {
@@ -85,7 +85,7 @@ def _kpis(r: dict[str, Any], windows: list[float]) -> str:
     cells = [
         ("MFU", percent(r["mfu"])), ("HFU", percent(r["hfu"])),
         ("part", d["name"] or "unknown"),
-        ("peak", "unknown" if d["peak_tflops"] is None else f"{d['peak_tflops']:g} TFLOP/s {d['dtype']}"),
+        ("peak", "unknown" if d["peak_tflops"] is None else f"{number(d['peak_tflops'])} TFLOP/s {d['dtype']}"),
     ]
     if windows:
         cells.append(("step time (median)", f"{statistics.median(windows) * 1e3:.2f} ms"))

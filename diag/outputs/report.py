@@ -17,7 +17,7 @@ from diag.attribution.ledger import BUCKETS
 from diag.attribution.what_if import what_if_words
 from diag.attribution.workload_mix import FEATURES
 from diag.engine.run import Analysis
-from diag.runtime.durations import duration, percent
+from diag.runtime.durations import duration, number, percent
 
 SCHEMA = "diag.report/1"
 _BAR = 40
@@ -117,7 +117,7 @@ def peak_label(d: Mapping[str, Any]) -> str:
     if len(mix) > 1:
         shares = ", ".join(f"{dt} {s:.0%}" for dt, s in mix.items())
         return f"effective peak {d['peak_tflops']:.4g} TFLOP/s (matmul FLOPs {shares})"
-    return f"dense {d['dtype']} peak {d['peak_tflops']:g} TFLOP/s"
+    return f"dense {d['dtype']} peak {number(d['peak_tflops'])} TFLOP/s"
 
 
 def _header(r: dict[str, Any]) -> list[str]:

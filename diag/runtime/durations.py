@@ -1,5 +1,7 @@
-"""Durations and shares as people read them: the unit that keeps a duration at 1 or more (s, ms, µs,
-ns); a share to one decimal of a percent, or to two significant digits when that would read 0.0%."""
+"""Numbers as people read them: the unit that keeps a duration at 1 or more (s, ms, µs, ns); a share
+to one decimal of a percent, or to two significant digits when that would read 0.0%; a byte count in
+kB, MB, GB; and a magnitude no one would type (1e30 TFLOP/s, an MFU of 1e-28 %) in powers of ten
+(1×10³⁰) rather than as thirty digits."""
 
 from __future__ import annotations
 
@@ -15,11 +17,52 @@ def duration(seconds: float) -> str:
 
 
 def percent(share: float | None, unknown: str = "unknown") -> str:
-    """0.312 → "31.2%"; 5.84e-07 → "0.000058%" (a tiny MFU is not 0.0%); None → `unknown`."""
+    """0.312 → "31.2%"; 5.84e-07 → "0.000058%" (a tiny MFU is not 0.0%); 4.5e-30 → "4.5×10⁻²⁸%"
+    (not 27 zeros); -0.0 → "0.0%"; None → `unknown`."""
     if share is None:
         return unknown
     points = share * 100
     if points == 0 or abs(points) >= 0.05:
-        return f"{points:.1f}%"
+        return f"{points + 0.0:.1f}%".replace("-0.0%", "0.0%")
+    if abs(points) < _TINY_POINTS:
+        return f"{powers_of_ten(points)}%"
     digits = 1 - math.floor(math.log10(abs(points)))
     return f"{points:.{digits}f}%"
+
+
+# Under this many points, a share's decimals would be mostly zeros: 1×10⁻⁷% rather than 0.00000010%.
+_TINY_POINTS = 1e-5
+
+# Between these, `:g` writes a number as people do (989, 494.7, 0.0125); outside, it would be 1e+30
+# or 30 digits after a rounding, and powers of ten read better.
+_SMALL, _LARGE = 1e-4, 1e6
+
+
+def number(x: float) -> str:
+    """989 → "989", 494.7 → "494.7"; 1e30 → "1×10³⁰", 3.2e-9 → "3.2×10⁻⁹"."""
+    if x == 0 or not math.isfinite(x) or _SMALL <= abs(x) < _LARGE:
+        return f"{x:g}"
+    return powers_of_ten(x)
+
+
+def times(ratio: float) -> str:
+    """How many times: 2.345 → "2.3×"; 7.4e26 → "7.4×10²⁶×"."""
+    return f"{ratio:.1f}×" if abs(ratio) < _LARGE else f"{powers_of_ten(ratio)}×"
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def powers_of_ten(x: float, digits: int = 2) -> str:
+    """x to `digits` significant digits times a power of ten: 4.5e-28 → "4.5×10⁻²⁸", 1e30 → "1×10³⁰"."""
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa
+    return f"{mantissa}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+
+
+def data_size(n_bytes: int) -> str:
+    """512 → "512 B", 12_345 → "12.3 kB", 3_400_000 → "3.4 MB" (SI units, as ls -h --si and file managers)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes} B"

@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from diag.outputs.report import path_line, peak_label
-from diag.runtime.durations import percent
+from diag.runtime.durations import number, percent
 from tui.queries import fmt_seconds
 from tui.snapshot import LiveStatus, Snapshot
 from tui.views.base import Jump, View, right
@@ -42,7 +42,7 @@ def headline(r: Mapping[str, Any]) -> Text:
     if len(d.get("dtype_mix") or {}) > 1:
         peak = peak_label(d)   # effective peak of the dtype mix, and the mix
     else:
-        peak = f"{d['dtype']} dense peak {d['peak_tflops']:g} TFLOP/s" if d["peak_tflops"] else "peak unknown"
+        peak = f"{d['dtype']} dense peak {number(d['peak_tflops'])} TFLOP/s" if d["peak_tflops"] else "peak unknown"
     t.append(f"{part} · {peak}", style="")
     if r["mfu"] is None:
         t.append(" — pass --gpu or --peak-tflops for MFU", style="yellow")

@@ -95,6 +95,13 @@ class ExampleConfig:
         return cls(**{field.name: getattr(args, field.name) for field in fields(cls)})
 
 
+# The GPT's sizes, as --help says them.
+_SIZES = {
+    "layers": "transformer blocks", "heads": "attention heads per block", "head_dim": "width of each head",
+    "seq_len": "tokens per sequence", "vocab": "vocabulary size", "batch": "sequences per step on each rank",
+}
+
+
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The job's switches, shared by `diag example` and `python -m diag.capture.example.gpt`."""
     default = asdict(ExampleConfig())
@@ -102,14 +109,16 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--active", type=int, help="steps recorded per profiler cycle (default: steps - 2)")
     parser.add_argument("--repeat", type=int, default=default["repeat"], help="profiler cycles (one file per rank each)")
     sizes = parser.add_argument_group("model")
-    for name in ("layers", "heads", "head_dim", "seq_len", "vocab", "batch"):
-        sizes.add_argument("--" + name.replace("_", "-"), type=int, default=default[name])
+    for name, words in _SIZES.items():
+        sizes.add_argument("--" + name.replace("_", "-"), type=int, default=default[name],
+                           help=f"{words} (default {default[name]})")
     causes = parser.add_argument_group("causes to inject")
     causes.add_argument(
         "--loader-delay-ms", type=float, default=0.0, help="the DataLoader's dataset sleeps this long per batch"
     )
     causes.add_argument("--slow-rank", type=int, help="this rank does --slow-ms of extra matmuls every step")
-    causes.add_argument("--slow-ms", type=float, default=default["slow_ms"])
+    causes.add_argument("--slow-ms", type=float, default=default["slow_ms"],
+                        help=f"extra matmul time per step on --slow-rank, in ms (default {default['slow_ms']:g})")
     causes.add_argument(
         "--recompute",
         choices=RECOMPUTE_CHOICES,
