@@ -19,6 +19,7 @@ from diag.ingest.discover import require_paths
 from diag.ingest.options import IngestOptions, IngestResult
 from diag.ingest.pipeline import ingest
 from diag.ingest.source import is_duckdb_file
+from diag.outputs.consistency import contradictions
 from diag.outputs.report import build_report
 from diag.runtime import store
 from diag.runtime.errors import BadInput, printable
@@ -181,4 +182,8 @@ def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_f
     a.run.notes.extend(_ingest_notes(con))
     if model_file and opts.model == model_file:
         a.run.notes.append(f"model description from {model_file}")
-    return a, build_report(a)
+    report = build_report(a)
+    # One truth per report (diag/outputs/consistency.py): a disagreement is a bug, said where it is read.
+    report["notes"].extend(f"internal check failed: {c} (a bug in diag; please report it with this note)"
+                           for c in contradictions(report, a))
+    return a, report

@@ -16,6 +16,9 @@ from plain_split import mismatch
 from diag.api import analyze_path
 from diag.attribution.ledger import BUCKETS
 from diag.ingest.options import IngestOptions
+from diag.outputs.consistency import contradictions
+from diag.outputs.report import to_json
+from diag.outputs.report_types import to_typed
 
 CONTRACT = {"schema", "world_size", "steps", "device", "step_time_s", "mfu", "hfu", "ledger", "ledger_by_rank",
             "findings", "clock_offsets_us"}
@@ -51,6 +54,10 @@ def test_analyze_runs_to_the_end_and_the_ledger_sums(trace: Path) -> None:
     assert recoverable == sorted(recoverable, reverse=True)
     if report["mfu"] is not None:
         assert 0 < report["mfu"] <= 1 and report["hfu"] >= report["mfu"]
+    # One truth per report (issue 39): nothing in it contradicts the rest, and it reads as typed records.
+    assert contradictions(report, analysis) == [], trace.name
+    assert not [n for n in report["notes"] if n.startswith("internal check failed")]
+    to_typed(json.loads(to_json(report)))
 
 
 # The public traces with no rank anywhere (no distributedInfo.rank, none in the name), which

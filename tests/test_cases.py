@@ -16,6 +16,7 @@ from helpers import unexplained_buckets
 from diag.api import analyze_path
 from diag.attribution.ledger import BUCKETS
 from diag.engine.run import Analysis, AnalyzeOptions
+from diag.outputs.consistency import contradictions
 from diag.outputs.report import render_text
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
@@ -76,6 +77,11 @@ def test_warmup_and_teardown_steps_are_excluded_and_no_other(run: Run) -> None:
     got = [(e["rank"], e["step"], e["why"].split(":")[0]) for e in run.report["steps_excluded"]]
     assert sorted(got) == sorted(want)
     assert run.report["steps"] == len({s["profiler_step"] for _, s in truth_steps(run)})
+
+
+def test_the_report_holds_together(run: Run) -> None:
+    """Issue 39: no part of the report contradicts another (diag/outputs/consistency.py)."""
+    assert contradictions(run.report, run.analysis) == [], run.case
 
 
 def test_workload(run: Run) -> None:

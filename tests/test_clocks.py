@@ -104,3 +104,19 @@ def test_pipeline_sends_without_peers_leave_clocks_unaligned_not_wrong(tmp_path:
     assert any(n.startswith("clock of rank(s) 1, 2, 3 not aligned") for n in report["notes"])
     bubble = next(f for f in report["findings"] if f["code"] == "MFU002")
     assert "stages and microbatches not detected" in bubble["summary"] and "stages" not in bubble["details"]
+
+
+def test_unaligned_ranks_that_share_untrusted_instances_are_not_said_to_share_none() -> None:
+    """Issue 39: HTA's two-rank all-to-all capture said "no collective … links them" while MFU005
+    named rank 1 late in 7 collectives. Instances matched on both ranks but not trusted for the clock
+    (send/recv without a peer) are counted in the note instead."""
+    matched: list[Matched] = []
+    for i in range(3):
+        t = 1_000_000_000 + i * 1_000_000
+        matched += _instance(f"q{i}", [_call(0, t, "sendrecv", "send"), _call(1, t + 7_000_000, "sendrecv", "recv")])
+    offsets = clock_offsets(matched, [0, 1])
+    assert not offsets[1].linked
+    notes = clock_notes(offsets, matched)
+    assert len(notes) == 1 and notes[0].startswith("clock of rank(s) 1 not aligned to rank 0: the 3 collective")
+    assert "no collective" not in notes[0]
+    assert clock_notes(offsets)[0].startswith("clock of rank(s) 1 not aligned: no collective")

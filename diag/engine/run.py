@@ -201,7 +201,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
         run.notes.append(INFERENCE_NOTE)
     if host:
         run.notes.append(UNRECORDED_GPU_NOTE.format(gpu=peak.part_name) if peak.part_name else HOST_NOTE)
-    run.notes.extend(clock_notes(offsets))
+    run.notes.extend(clock_notes(offsets, matched))
     if mfu is None:
         run.notes.append("without model FLOPs at a known peak the compute time is not split: "
                          "gemm_inefficiency holds all GEMM/attention time, non_matmul the rest")

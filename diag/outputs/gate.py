@@ -163,6 +163,7 @@ class ReportView(msgspec.Struct, frozen=True):
     device: ReportDevice = ReportDevice()
     model: dict[str, Any] | None = None
     step_time_s: float | None = None
+    ranks: list[int] | None = None     # the ranks traced (reports before it: all of world_size)
 
 
 class Run(msgspec.Struct, frozen=True):

@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 
 from diag.outputs.gate import GateResult, MetricCheck, RuleCheck, Run
+from diag.outputs.report import ranks_traced
 from diag.runtime.errors import BadInput, ExitCode
 
 GATE_SCHEMA = "diag.gate/1"
@@ -97,7 +98,8 @@ def _run_line(role: str, run: Run) -> str:
     rep = run.report
     mfu = "unknown" if rep.mfu is None else f"{rep.mfu * 100:.2f}%"
     step = "" if rep.step_time_s is None else f", step {rep.step_time_s * 1e3:.2f} ms"
-    return f"{role} {run.path}: {rep.world_size} ranks × {rep.steps} steps, MFU {mfu}{step}"
+    ranks = ranks_traced(rep.world_size if rep.ranks is None else len(rep.ranks), rep.world_size)
+    return f"{role} {run.path}: {ranks} × {rep.steps} steps, MFU {mfu}{step}"
 
 
 def _num(x: float | None, fmt: str) -> str:

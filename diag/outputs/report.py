@@ -128,8 +128,7 @@ def _header(r: dict[str, Any]) -> list[str]:
             ": host timeline in place of the GPU's, no MFU"
         gpu = "no GPU"
     st = r["step_time_s"]
-    traced = len(r["ranks"])
-    ranks = f"{traced} ranks" if traced == r["world_size"] else f"{traced} of {r['world_size']} ranks traced"
+    ranks = ranks_traced(len(r["ranks"]), r["world_size"])
     spread = r.get("step_time_spread_s")   # absent from reports of earlier versions (gate baselines)
     over = f"median; min {duration(spread['min'])}, max {duration(spread['max'])}" \
         if spread and spread["min"] < spread["max"] else "median"
@@ -142,6 +141,12 @@ def _header(r: dict[str, Any]) -> list[str]:
     if excluded:
         lines.append(f"{len(excluded)} step(s) left out of the means as warm-up or teardown (see notes)")
     return lines
+
+
+def ranks_traced(traced: int, world_size: int) -> str:
+    """"8 ranks", or "2 of 128 ranks traced" where the traces are of some ranks of a larger run: every
+    header (analyze, gate) says it alike."""
+    return f"{traced} ranks" if traced == world_size else f"{traced} of {world_size} ranks traced"
 
 
 def _bf16(r: dict[str, Any]) -> str:

@@ -169,14 +169,27 @@ def _same_transfer(members: list[Call]) -> bool:
     return a is None or b is None or a == b
 
 
-def clock_notes(offsets: dict[int, ClockOffset]) -> list[str]:
-    """Notes for the ranks left on their own clock and those whose offset their estimates disagree with."""
+def clock_notes(offsets: dict[int, ClockOffset], matched: Iterable[Matched] = ()) -> list[str]:
+    """Notes for the ranks left on their own clock and those whose offset their estimates disagree with.
+
+    A rank left alone may still share matched instances with the others (a straggler's waits are read
+    from them): send/recv without a named peer, as an all-to-all or a coalesced batch runs, which the
+    alignment does not trust (_trusted). The note then says so, instead of "no collective", which the
+    stragglers finding, naming the same instances, would contradict."""
     notes = []
     alone = sorted(o.rank for o in offsets.values() if not o.linked)
     if alone:
         shown = ", ".join(map(str, alone[:8])) + (" …" if len(alone) > 8 else "")
-        notes.append(f"clock of rank(s) {shown} not aligned: no collective, and no send/recv naming its peer, "
-                     f"links them to rank {min(offsets)}; their times stay on their own clocks")
+        shared = _shared_instances(matched, set(alone))
+        if shared:
+            notes.append(f"clock of rank(s) {shown} not aligned to rank {min(offsets)}: the {shared} collective "
+                         "instance(s) they share with other ranks are send/recv that name no peer (all-to-all, "
+                         "batched send/recv) or differ in size on their two sides, whose ends need not coincide; "
+                         "their times stay on their own clocks, "
+                         "while who arrived last is still read from each instance's kernel durations")
+        else:
+            notes.append(f"clock of rank(s) {shown} not aligned: no collective, and no send/recv naming its peer, "
+                         f"links them to rank {min(offsets)}; their times stay on their own clocks")
     bad = sorted((o for o in offsets.values() if o.residual_ns > INCONSISTENT_NS), key=lambda o: -o.residual_ns)
     if bad:
         worst = bad[0]
@@ -184,3 +197,8 @@ def clock_notes(offsets: dict[int, ClockOffset]) -> list[str]:
                      f"estimates differ from its offset by {worst.residual_ns / 1e3:.0f} µs (median; up to "
                      f"{worst.residual_max_ns / 1e3:.0f} µs), so cross-rank times may be off by that much")
     return notes
+
+
+def _shared_instances(matched: Iterable[Matched], ranks: set[int]) -> int:
+    """How many instances matched on two or more ranks, one of them in `ranks`."""
+    return len({m.instance for m in matched if m.n_matched >= 2 and m.call.rank in ranks})
