@@ -7,10 +7,8 @@ loads neither DuckDB nor the engine.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from diag.notebook import Run, open  # noqa: A004
+import importlib
+from typing import Any
 
 # The one place the version is written: pyproject.toml reads it ([tool.setuptools.dynamic]),
 # `diag --version` prints it and every JSON report carries it as `diag_version`.
@@ -21,9 +19,9 @@ _NOTEBOOK = ("open", "Run")
 
 def __getattr__(name: str) -> Any:
     if name in _NOTEBOOK:
-        from diag import notebook
-
-        return getattr(notebook, name)
+        # By name, not an import statement: every module imports this package (for __version__ at
+        # least), and a static import here would make each of them import the API layer above it.
+        return getattr(importlib.import_module("diag.notebook"), name)
     raise AttributeError(f"module 'diag' has no attribute {name!r}")
 
 

@@ -17,6 +17,7 @@ import pytest
 from helpers import ROOT, shared_traces
 
 import diag
+from diag.notebook import Run
 from diag.outputs.report_types import Report
 
 pytestmark = pytest.mark.xdist_group("notebook")
@@ -59,20 +60,20 @@ def test_the_notebook_page_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def run() -> Iterator[diag.Run]:
+def run() -> Iterator[Run]:
     path = shared_traces() / "HolisticTraceAnalysis/tests/data/trace_filter"
     with diag.open(str(path)) as r:
         yield r
 
 
-def test_report_is_the_document_typed(run: diag.Run) -> None:
+def test_report_is_the_document_typed(run: Run) -> None:
     assert isinstance(run.report, Report)
     assert run.report.ranks == run.document["ranks"] == [0, 1]
     assert run.report.world_size == 128
     assert [f.code for f in run.report.findings] == [f["code"] for f in run.document["findings"]]
 
 
-def test_ledger_is_rank_by_step_by_bucket(run: diag.Run) -> None:
+def test_ledger_is_rank_by_step_by_bucket(run: Run) -> None:
     led = run.ledger()
     assert led.columns == ["rank", "step", "bucket", "seconds", "fraction"]
     assert led.height == 2 * 2 * 12                     # 2 ranks × 2 steps × the twelve buckets
@@ -84,7 +85,7 @@ def test_ledger_is_rank_by_step_by_bucket(run: diag.Run) -> None:
         assert group["fraction"].mean() == pytest.approx(run.document["ledger_by_rank"][str(rank)][bucket], abs=1e-12)
 
 
-def test_steps_windows_are_the_report_s(run: diag.Run) -> None:
+def test_steps_windows_are_the_report_s(run: Run) -> None:
     st = run.steps()
     windows = sorted(st["window_ns"].to_list())
     spread = run.document["step_time_spread_s"]
@@ -92,7 +93,7 @@ def test_steps_windows_are_the_report_s(run: diag.Run) -> None:
     assert st["in_means"].all()
 
 
-def test_kernels_add_up_to_every_gpu_activity(run: diag.Run) -> None:
+def test_kernels_add_up_to_every_gpu_activity(run: Run) -> None:
     k = run.kernels()
     total_ns = run.con.execute("SELECT sum(end_ns - ts_ns), count(*) FROM activities").fetchall()[0]
     assert k["seconds"].sum() == pytest.approx(total_ns[0] * 1e-9) and k["calls"].sum() == total_ns[1]
@@ -100,7 +101,7 @@ def test_kernels_add_up_to_every_gpu_activity(run: diag.Run) -> None:
     assert k["seconds"].is_sorted(descending=True)
 
 
-def test_collectives_name_the_straggler_mfu005_names(run: diag.Run) -> None:
+def test_collectives_name_the_straggler_mfu005_names(run: Run) -> None:
     """MFU005's summary counts, per late rank, the collectives it arrived last in: the same count
     comes out of run.collectives() by hand."""
     c = run.collectives()
@@ -111,13 +112,13 @@ def test_collectives_name_the_straggler_mfu005_names(run: diag.Run) -> None:
         assert f"rank {rank} (last to arrive in {n} collectives" in summary
 
 
-def test_findings_follow_the_report(run: diag.Run) -> None:
+def test_findings_follow_the_report(run: Run) -> None:
     f = run.findings()
     assert f["code"].to_list() == [x.code for x in run.report.findings]
     assert f["recoverable_fraction"].is_sorted(descending=True)
 
 
-def test_critical_path_and_sql(run: diag.Run) -> None:
+def test_critical_path_and_sql(run: Run) -> None:
     path = run.critical_path()
     assert set(path["kind"].unique()) <= {"compute", "comm", "wait", "copy", "idle", "host"}
     assert (path["dur_ns"] >= 0).all()
@@ -132,7 +133,7 @@ def test_open_reports_bad_input_as_the_cli_does(tmp_path: Path) -> None:
         diag.open(str(tmp_path / "missing"))
 
 
-def test_text_is_analyze_s(run: diag.Run) -> None:
+def test_text_is_analyze_s(run: Run) -> None:
     assert run.text().startswith("diag — where the step went\n2 of 128 ranks traced")
     assert "MFU unknown" in repr(run) and run._repr_markdown_().startswith("# diag report")
     assert os.fspath(run.path).endswith("trace_filter")

@@ -12,7 +12,7 @@ from html import escape
 from typing import Any
 
 from diag.outputs.gate import GateResult, MetricCheck, RuleCheck, Run
-from diag.outputs.report import ranks_traced
+from diag.runtime.durations import ranks_traced
 from diag.runtime.errors import BadInput, ExitCode
 
 GATE_SCHEMA = "diag.gate/1"

@@ -17,7 +17,7 @@ from diag.attribution.ledger import BUCKETS
 from diag.attribution.what_if import what_if_words
 from diag.attribution.workload_mix import FEATURES
 from diag.engine.run import Analysis
-from diag.runtime.durations import duration, number, percent
+from diag.runtime.durations import duration, number, percent, ranks_traced
 
 SCHEMA = "diag.report/1"
 _BAR = 40
@@ -141,12 +141,6 @@ def _header(r: dict[str, Any]) -> list[str]:
     if excluded:
         lines.append(f"{len(excluded)} step(s) left out of the means as warm-up or teardown (see notes)")
     return lines
-
-
-def ranks_traced(traced: int, world_size: int) -> str:
-    """"8 ranks", or "2 of 128 ranks traced" where the traces are of some ranks of a larger run: every
-    header (analyze, gate) says it alike."""
-    return f"{traced} ranks" if traced == world_size else f"{traced} of {world_size} ranks traced"
 
 
 def _bf16(r: dict[str, Any]) -> str:

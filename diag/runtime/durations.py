@@ -66,3 +66,9 @@ def data_size(n_bytes: int) -> str:
         if n_bytes >= scale:
             return f"{n_bytes / scale:.1f} {unit}"
     return f"{n_bytes} B"
+
+
+def ranks_traced(traced: int, world_size: int) -> str:
+    """"8 ranks", or "2 of 128 ranks traced" where the traces are of some ranks of a larger run: every
+    header (analyze's, the gate's) says it alike."""
+    return f"{traced} ranks" if traced == world_size else f"{traced} of {world_size} ranks traced"
