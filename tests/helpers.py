@@ -16,9 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 
 
+# Every skip for want of the real traces says this (tests/conftest.py counts them in the summary).
+NO_TRACES = f"real traces not found at {TRACES} (../shared/traces beside the repository: docs/traces.md)"
+
+
 def shared_traces() -> Path:
     if not TRACES.is_dir():
-        pytest.skip(f"real traces not found at {TRACES} (../shared/traces beside the repository)")
+        pytest.skip(NO_TRACES)
     return TRACES
 
 

@@ -1,5 +1,5 @@
 """Real GPU traces laid out the ways other tools and settings write them, through `diag analyze
-PATH` with no flags: each exits 0, finds the ranks the rules give (README "Ranks and captures"),
+PATH` with no flags: each exits 0, finds the ranks the rules give (docs/reference.md "Ranks and captures"),
 and its GPU-state split equals an independent sweep of the JSON as written (tests/plain_split.py)
 within half a point (issue 13). The CPU captures' layouts are in test_conformance_layouts.py.
 

@@ -5,7 +5,7 @@ tensorboard_trace_handler names with no distributed init, a schedule with severa
 .json.gz file per cycle), two processes without distributed init, with_stack=True; then a file merged from
 two ranks the way merge tools write one, and a pretty-printed copy re-saved with "metadata" first.
 Each runs through the real CLI and must exit 0 with the ranks and windows the rules give
-(README "Ranks and captures"), and its state split (the host timeline of a CPU run) must equal an
+(docs/reference.md "Ranks and captures"), and its state split (the host timeline of a CPU run) must equal an
 independent sweep of the files as written (tests/plain_split.py) within half a point.
 """
 

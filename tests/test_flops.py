@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import NO_TRACES
 
 torch = pytest.importorskip(
     "torch", reason="torch (the `capture` extra) checks FLOPs against FlopCounterMode"
@@ -490,7 +491,7 @@ def test_real_traces() -> None:
         "sampled": TRACES / "HolisticTraceAnalysis/tests/data/timeline_analysis/sampled_rank-0.json.gz",
     }
     if not all(p.exists() for p in files.values()):
-        pytest.skip(f"real traces not found at {TRACES} (../shared/traces beside the repo)")
+        pytest.skip(NO_TRACES)
     found: dict[tuple[str, str], list[float]] = {}
     for key, path in files.items():
         opener = gzip.open if path.suffix == ".gz" else open

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from helpers import TRACES
+from helpers import NO_TRACES, TRACES
 
 from diag.ingest.options import IngestOptions, Skipped
 from diag.ingest.parse_file import parse_into
@@ -99,7 +99,7 @@ class _Rows:
 def test_no_exception_escapes_a_files_ingest(tmp_path: Path) -> None:
     files = samples()
     if not any(name == "rank-3.json" for name, _ in files):
-        pytest.skip(f"no Kineto sample under {TRACES}")
+        pytest.skip(NO_TRACES)
     rng = random.Random(SEED)
     escaped: list[str] = []
     outcomes = {"rows": 0, "bad input": 0, "skipped": 0}

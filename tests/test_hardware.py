@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import NO_TRACES
 
 from diag.knowledge import hardware
 from diag.knowledge.hardware import (
@@ -281,7 +282,7 @@ def test_identify_never_falls_back(props: dict[str, Any]) -> None:
 def test_identify_real_traces(relpath: str, key: str | None) -> None:
     path = TRACES / relpath
     if not path.exists():
-        pytest.skip(f"real traces not found at {TRACES} (see DESIGN.md: ../shared/traces beside the repo)")
+        pytest.skip(NO_TRACES)
     # Kineto writes deviceProperties at the top of the file: read the head, not the whole trace.
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:

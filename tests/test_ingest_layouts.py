@@ -1,4 +1,4 @@
-"""How ingest tells formats, ranks, capture windows and runs apart (README "Ranks and captures").
+"""How ingest tells formats, ranks, capture windows and runs apart (docs/reference.md "Ranks and captures").
 
 Real traces from ../shared/traces, re-laid out as other tools write them: re-saved with another
 key first, renamed as tensorboard_trace_handler names files, merged into one file as sglang's

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from helpers import NO_TRACES
 
 from diag.ingest.nccl import detect_kind, parse_nccl_file
 from diag.ingest.nccl_profiler import loads_lenient
@@ -477,7 +478,7 @@ def test_normalize_collective(text: str, name: str) -> None:
 
 def test_real_profiler_dump_from_pha_z() -> None:
     if not PHA_Z.exists():
-        pytest.skip(f"real traces not found at {SHARED_TRACES} (the shared folder beside the repo)")
+        pytest.skip(NO_TRACES)
     text = PHA_Z.read_text()
     parsed = _parse(PHA_Z)
     assert parsed.kind == "nccl_profiler"

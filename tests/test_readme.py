@@ -62,3 +62,21 @@ def test_the_quick_start_version_line() -> None:
     done = run_diag("--version")
     assert done.returncode == 0 and re.fullmatch(r"diag \d+\.\d+\.\d+\n", done.stdout)
     assert "pip install -e . && diag demo" in _block("On a fresh machine (Python ≥ 3.10; nothing to start — DuckDB is embedded):")[0]
+
+
+def test_the_readme_installs_and_tests_as_ci_does() -> None:
+    """Issue 39: a stranger with only the README clones, makes a venv, and runs the two commands; the
+    test command is CI's own (.ci/run), with the install line before it, and the README stays a
+    README (the development log is docs/benchmarks.md)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    install = _block("## Install\n\nPython ≥ 3.10 on Linux or macOS; nothing to start (DuckDB is embedded), no GPU needed to analyze.")
+    assert install[0].startswith("git clone ") and "python3 -m venv .venv && . .venv/bin/activate" in install
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    [test] = [c for c in _block("On a fresh machine (Python ≥ 3.10; nothing to start — DuckDB is embedded):") if "pytest" in c]
+    assert test.endswith(" && python -m pytest -n 2 --dist loadgroup") and "python -m pytest -n 2 --dist loadgroup\n" in ci
+    for step in test.split(" && ")[:-1]:             # torch pinned, then the extras: as CI installs them
+        assert f"python -m {step}" in ci or f"python -m pip install -q {step.removeprefix('pip install ')}" in ci, step
+    assert len(text.splitlines()) <= 220 and text.count("round") < 5
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", text):
+        assert (ROOT / link).is_file(), link
