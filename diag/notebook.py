@@ -12,8 +12,6 @@ buffers as they are (no row passes through Python); findings() is the report's o
 
 from __future__ import annotations
 
-import re
-from functools import cache
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -28,15 +26,6 @@ if TYPE_CHECKING:
     import polars as pl
 
     from diag.engine.run import Analysis
-
-_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-@cache
-def _queries() -> dict[str, str]:
-    parts = _BLOCK.split(store.sql_text("notebook.sql"))
-    return {parts[i]: parts[i + 1].strip().rstrip(";") for i in range(1, len(parts), 2)}
-
 
 def open(path: str, db: str | None = None, *, model: str | None = None, gpu: str | None = None,  # noqa: A001
          peak_tflops: float | None = None, tokens_per_step: float | None = None,
@@ -130,7 +119,7 @@ class Run:
             return pl.from_arrow(store.arrow_table(cur, query, params))   # type: ignore[return-value]
 
     def _frame(self, name: str) -> pl.DataFrame:
-        return self.sql(_queries()[name])
+        return self.sql(store.named_queries("notebook.sql")[name])
 
     def close(self) -> None:
         self.con.close()

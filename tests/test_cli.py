@@ -16,7 +16,7 @@ from helpers import ROOT, run_diag
 
 from diag import __version__
 from diag.cli import build_parser
-from diag.runtime.durations import data_size, number, percent, times
+from diag.runtime.durations import data_size, number, percent, signed_percent, times
 
 pytestmark = pytest.mark.xdist_group("cli")
 
@@ -272,3 +272,7 @@ def test_absurd_magnitudes_read_as_powers_of_ten() -> None:
         ["989", "494.7", "1979", "0.0125", "1×10³⁰", "3.2×10⁻⁹"]
     assert times(2.345) == "2.3×" and times(7.385648137556531e26) == "7.4×10²⁶×"
     assert [data_size(n) for n in (512, 12_345, 3_400_000)] == ["512 B", "12.3 kB", "3.4 MB"]
+
+
+def test_signed_percent_never_reads_minus_zero() -> None:
+    assert [signed_percent(x) for x in (0.007, -0.021, -0.0004, 0.0, -0.0)] == ["+0.7%", "−2.1%", "0.0%", "0.0%", "0.0%"]

@@ -17,6 +17,8 @@ import duckdb
 import pytest
 from helpers import run_diag
 
+from diag.knowledge import kernels
+from diag.runtime.durations import signed_percent
 from fixtures.generate import generate
 
 pytestmark = pytest.mark.xdist_group("html_report")
@@ -107,8 +109,10 @@ def test_top_kernel_tflops_derived_by_hand(demo: tuple[Path, Path, dict]) -> Non
         total[name] = total.get(name, 0) + end - ts
     top = max(total, key=lambda n: (total[n], n))
     mine = [(end - ts, fl) for name, ts, end, fl in rows if name == top and fl and fl > 0]
-    row = re.search(r"<tr><td><code>(.*?)</code>.*?</tr>", page.read_text().split("Top kernels")[1], flags=re.S)
-    assert row is not None and html.unescape(row[1]) == top
+    row = re.search(r'<tr><td><code title="(.*?)">(.*?)</code>.*?</tr>', page.read_text().split("Top kernels")[1],
+                    flags=re.S)
+    assert row is not None and html.unescape(row[1]) == top      # the whole name on hover
+    assert html.unescape(row[2]) == kernels.short(top)             # cut at a template boundary in the cell
     cells = re.findall(r'<td class="n">(.*?)</td>', row[0])
     assert cells[1] == f"{total[top] * 1e-9:.4f}"
     if mine:
@@ -130,3 +134,35 @@ def test_chromium_renders_the_page(demo: tuple[Path, Path, dict], tmp_path: Path
     for section in ("Where the step went", "Ranks × steps", "Findings", "Top kernels by time"):
         assert section in dom
     assert dom.count("<svg") == 3
+
+
+def test_evidence_reads_as_rank_step_and_name(demo: tuple[Path, Path, dict]) -> None:  # type: ignore[type-arg]
+    """Issue 39: a finding's evidence as people name it (the collective, its step, the late rank and
+    the wait), its internal id only on hover; each id once."""
+    page, _, report = demo
+    text = page.read_text()
+    shown = re.sub(r'title="[^"]*"', "", text)
+    assert not re.search(r">[^<]*\b(act|coll|step):[\w|#]+:", shown), "an internal id in the visible text"
+    late = next(f for f in report["findings"] if f["code"] == "MFU005")
+    block = text.split(f"{late['code']} {late['slug']}")[1].split('<div class="finding')[0]
+    items = re.findall(r"<li title=\"(.*?)\">(.*?)</li>", block)
+    assert [html.unescape(t).split(": ")[0] for t, _ in items] == list(dict.fromkeys(late["evidence"]))[:12]
+    assert all(re.match(r"allreduce on .*, step \d+: last rank 5, others waited up to \d+\.\d\d ms", html.unescape(v))
+               for _, v in items), items
+
+
+def test_step_heatmap_is_scaled_to_the_median(demo: tuple[Path, Path, dict]) -> None:  # type: ignore[type-arg]
+    """The demo's step times spread 0.7%: against the median and a 10% full scale, the slowest cell is
+    pale (g ≥ 235 − 200 × 0.7/10), not saturated red, and the legend says the scale and this run's range."""
+    page, _, report = demo
+    text = page.read_text()
+    spread = report["step_time_spread_s"]
+    median = spread["median"]
+    worst = spread["max"] / median - 1
+    assert worst < 0.01
+    heat = re.findall(r"<svg .*?</svg>", text, flags=re.S)[1]
+    greens = [int(g) for g in re.findall(r'fill="rgb\(250,(\d+),\d+\)"', heat)]
+    assert min(greens) == round(235 - 200 * min(worst / 0.10, 1.0)) and min(greens) > 200
+    low = spread["min"] / median - 1
+    assert f"Step time against the median, {median * 1e3:.2f} ms: white at or below it, dark red 10% or more above it" \
+        in text and f"({signed_percent(low)} to {signed_percent(worst)})" in text

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from diag.knowledge import kernels
 from diag.knowledge.kernels import (
     DTYPE_PATTERNS,
     PATTERNS,
@@ -371,3 +372,20 @@ def test_dtype_only_for_matmul_kernels() -> None:
 def test_unclassified_report_lists_distinct_others() -> None:
     names = ["ampere_sgemm_128x64_nn", "triton__0d1d2d", "triton__0d1d2d", "Kernel"]
     assert unclassified_report(names) == ["Kernel", "triton__0d1d2d"]
+
+
+@pytest.mark.parametrize(("name", "shown"), [
+    ("ampere_sgemm_128x64_nn", "ampere_sgemm_128x64_nn"),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+     "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"),
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align1>(cutlass_80_tensorop_s1688gemm_64x64_"
+     "16x6_tn_align1::Params)", "cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align1>"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >"
+     "(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)", "at::native::vectorized_elementwise_kernel<4, …>"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "TensorListMetadata<3>, std::plus<float>, float>(int)", "at::native::anonymous_namespace::multi_tensor_apply_kernel<…>"),
+])
+def test_short_names_are_cut_at_a_template_boundary(name: str, shown: str) -> None:
+    """Issue 39: the HTML page had cut names mid-identifier; a name is cut where C++ has a boundary."""
+    assert kernels.short(name) == shown
+    assert len(shown) <= 72

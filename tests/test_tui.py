@@ -23,11 +23,13 @@ from textual.worker import WorkerCancelled
 
 from diag.engine.run import AnalyzeOptions
 from diag.ingest.options import IngestOptions
+from diag.outputs import evidence
+from diag.outputs.evidence import Place
 from fixtures.generate import generate
 from fixtures.scenarios import Scenario
 from tui import queries
 from tui.app import DiagApp
-from tui.queries import CollectiveGroup, Place, Spans
+from tui.queries import CollectiveGroup, Spans
 from tui.raster import rasterize
 from tui.snapshot import Snapshot, link_for
 from tui.sources import PostMortem, Progress, Store
@@ -145,11 +147,11 @@ def test_evidence_resolves_to_places(loaded: Loaded) -> None:
     assert report is not None and loaded.store is not None
     by_code = {f["code"]: f for f in report["findings"]}
     with loaded.store.reader() as cur:
-        coll = queries.resolve(cur, by_code["MFU005"]["evidence"][0])
-        step = queries.resolve(cur, by_code["MFU006"]["evidence"][0])
-        kernel = queries.resolve(cur, "act:1:0")
+        coll = evidence.resolve(cur, by_code["MFU005"]["evidence"][0])
+        step = evidence.resolve(cur, by_code["MFU006"]["evidence"][0])
+        kernel = evidence.resolve(cur, "act:1:0")
         first = cur.execute("SELECT name, rank FROM activities WHERE file_id = 1 ORDER BY rowid LIMIT 1").fetchone()
-        missing = queries.resolve(cur, "coll:no-such-instance")
+        missing = evidence.resolve(cur, "coll:no-such-instance")
     assert coll.collective_key in [g.key for g in loaded.snapshot.collectives]
     assert coll.rank == STRAGGLER and coll.step is not None and coll.ts_ns is not None
     assert step.rank is not None and step.step is not None and step.instance is None
@@ -263,7 +265,7 @@ async def test_kernel_evidence_puts_the_cursor_on_it(loaded: Loaded) -> None:
             "WHERE kclass = 'gemm' ORDER BY end_ns - ts_ns DESC LIMIT 1"
         ).fetchone()
         assert idx is not None
-        place = queries.resolve(cur, f"act:2:{idx[0]}")
+        place = evidence.resolve(cur, f"act:2:{idx[0]}")
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         from tui.views.base import Jump

@@ -241,50 +241,6 @@ def _num(x: Any) -> float | None:
     return None if x is None or np.isnan(x) else float(x)
 
 
-# --- evidence ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a piece of evidence is: a rank's step in the timeline, and/or a collectives row."""
-
-    label: str                                          # what the evidence is, one line
-    rank: int | None = None
-    step: int | None = None
-    ts_ns: int | None = None                            # aligned
-    end_ns: int | None = None
-    collective_key: tuple[str | None, str | None, int] | None = None
-    instance: str | None = None
-
-
-def resolve(cur: duckdb.DuckDBPyConnection, evidence_id: str) -> Place:
-    """An evidence id of a finding (diag.attribution.analysis.Finding) → the place that shows it."""
-    kind, _, rest = evidence_id.partition(":")
-    try:
-        if kind == "act":
-            file_id, index = (int(x) for x in rest.split(":"))
-            rows = run(cur, "activity_by_index", file_id=file_id, index=index)
-            if rows:
-                rank, step, name, kclass, op, ts, end, _ = rows[0]
-                what = f"{kclass} {name}" + (f" ({op})" if op else "")
-                return Place(f"rank {rank} step {step}: {what}, {(end - ts) / 1e3:.1f} µs", rank, step, ts, end)
-        elif kind == "coll":
-            rows = run(cur, "instance_by_id", instance=rest)
-            if rows:
-                pg, desc, coll, size_log2, step, last, wait, ts, end, nbytes = rows[0]
-                return Place(f"{coll} on {pg_label(pg, desc)}, {fmt_bytes(nbytes)}, step {step}: last rank {last}, "
-                             f"others waited up to {(wait or 0) / 1e6:.2f} ms",
-                             last, step, ts, end, (pg, coll, int(size_log2)), rest)
-        elif kind == "step":
-            rank, step = (int(x) for x in rest.split(":"))
-            rows = run(cur, "step_time", rank=rank, step=step)
-            took = f", {rows[0][0] / 1e6:.2f} ms" if rows and rows[0][0] is not None else ""
-            return Place(f"rank {rank} step {step}{took}", rank, step)
-    except ValueError:
-        pass
-    return Place(f"{evidence_id} (not found in the trace)")
-
-
 # --- live ----------------------------------------------------------------------------------------
 
 
@@ -319,21 +275,6 @@ def gpus_per_node(cur: duckdb.DuckDBPyConnection) -> int | None:
 
 
 # --- formatting shared by the views ----------------------------------------------------------------
-
-
-def pg_label(name: str | None, desc: str | None) -> str:
-    if desc and name and desc != name:
-        return f"{desc} ({name})"
-    return desc or name or "unknown group"
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "size ?"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} B"
 
 
 def fmt_ranks(xs: tuple[int, ...] | list[int], limit: int = 8) -> str:

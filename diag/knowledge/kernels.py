@@ -120,6 +120,43 @@ def head(name: str) -> str:
     return text
 
 
+def short(name: str, width: int = 72) -> str:
+    """A kernel's name to read in a table, at most about `width` characters, cut only where C++ puts a
+    boundary: `void` and the parameters go (head), then the template arguments nested deepest, then
+    those of the outermost template after the last argument that fits, marked with "…". Never mid-
+    identifier: `ampere_sgemm_128x64_nn` stays whole, however long."""
+    text = head(name)
+    for keep in (2, 1):
+        if len(text) <= width:
+            return text
+        text = _collapsed(text, keep)
+    if len(text) <= width:
+        return text
+    cut = max(text.rfind(", ", 0, width), text.find("<"))
+    if cut <= 0:
+        return text
+    return text[:cut + 1] + "…>" if text[cut] == "<" else text[:cut] + ", …>"
+
+
+def _collapsed(text: str, keep: int) -> str:
+    """Template arguments nested deeper than `keep` levels written as "…": f<a<b<c>>> → f<a<…>> (keep 1)."""
+    out, depth = [], 0
+    for ch in text:
+        if ch == "<":
+            depth += 1
+            if depth == keep + 1:
+                out.append("<…")
+            elif depth <= keep:
+                out.append(ch)
+        elif ch == ">":
+            if depth <= keep + 1 and depth > 0:
+                out.append(">")
+            depth = max(depth - 1, 0)
+        elif depth <= keep:
+            out.append(ch)
+    return "".join(out)
+
+
 @lru_cache(maxsize=8192)
 def match(name: str) -> KernelPattern | None:
     """The first row of the table that names this kernel, or None: an unknown name."""

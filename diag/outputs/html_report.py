@@ -17,8 +17,10 @@ import duckdb
 from diag.attribution.ledger import BUCKETS
 from diag.attribution.what_if import what_if_words
 from diag.engine.run import Analysis
+from diag.knowledge import kernels
+from diag.outputs.evidence import resolve
 from diag.outputs.report import _header, _of, _waterfall
-from diag.runtime.durations import number, percent
+from diag.runtime.durations import number, percent, signed_percent
 
 # One colour per bucket (Okabe–Ito-like, distinguishable in colour-blindness simulations).
 COLOURS = {
@@ -31,6 +33,12 @@ COLOURS = {
 MAX_HEAT_RANKS = 128
 MAX_HEAT_STEPS = 100
 TOP_KERNELS = 15
+MAX_EVIDENCE = 12
+# Evidence lines carry rank, step and time beside the name: a shorter name keeps each on one line.
+EVIDENCE_NAME_WIDTH = 60
+# The step-time heatmap's full scale: a rank-step this much slower than the median is the darkest
+# red. A run's own min-to-max would paint a 0.7% spread as saturated; 10% is a straggler worth a look.
+HEAT_FULL_SCALE = 0.10
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
@@ -40,7 +48,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 border-bottom:1px solid #eee;vertical-align:top}th{background:#fafafa}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .finding{border-left:4px solid #D55E00;padding:6px 12px;margin:10px 0;background:#fffaf6}.finding.low,.finding.info{border-color:#999}
 .finding.medium{border-color:#E69F00}.fail{color:#b00020;font-weight:600}.pass{color:#007a4d;font-weight:600}code{font-size:12px;word-break:break-all}.muted{color:#666}svg{max-width:100%;height:auto}
-.legend span{display:inline-block;margin-right:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+ul.evidence{margin:0 0 6px;padding-left:20px;font-size:13px;color:#444}.legend span{display:inline-block;margin-right:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 """
 
 
@@ -54,7 +62,7 @@ def render_html(report: dict[str, Any], a: Analysis, con: duckdb.DuckDBPyConnect
         '<p class="muted">MFU points from the dense peak down to the achieved MFU (mean over ranks and steps).</p>',
         waterfall_svg(report),
         "<h2>Ranks × steps</h2>", _heatmaps(a),
-        "<h2>Findings</h2>", _findings(report),
+        "<h2>Findings</h2>", _findings(report, con),
         "<h2>Top kernels by time</h2>", _kernels(con),
     ]
     if report["notes"]:
@@ -140,13 +148,15 @@ def _heatmaps(a: Analysis) -> str:
     if not cells:
         return "<p>No steps.</p>"
     times = [lg.window_s for lg in cells.values()]
-    lo, hi = min(times), max(times)
+    lo, hi, median = min(times), max(times), statistics.median(times)
 
     def shade(lg: Any) -> tuple[str, str]:
-        f = 0.0 if hi <= lo else (lg.window_s - lo) / (hi - lo)
-        # white (fastest) → dark red (slowest)
+        above = lg.window_s / median - 1 if median > 0 else 0.0
+        f = min(max(above / HEAT_FULL_SCALE, 0.0), 1.0)
+        # white (the median or faster) → dark red (HEAT_FULL_SCALE or more above it)
         g = round(235 - 200 * f)
-        return f"rgb(250,{g},{g})", f"rank {lg.rank} step {lg.step}: {lg.window_s * 1e3:.2f} ms"
+        return f"rgb(250,{g},{g})", (f"rank {lg.rank} step {lg.step}: {lg.window_s * 1e3:.2f} ms "
+                                     f"({signed_percent(above)} vs the median)")
 
     def worst(lg: Any) -> tuple[str, str]:
         b = max((b for b in BUCKETS if b != "model_compute"), key=lambda b: lg.buckets[b])
@@ -158,7 +168,9 @@ def _heatmaps(a: Analysis) -> str:
                                            for b in used) + "</p>"
     return (
         (f'<p class="muted">Showing {escape(note.rstrip("; "))}.</p>' if note else "")
-        + f'<p>Step time: {lo * 1e3:.2f} ms (white) to {hi * 1e3:.2f} ms (dark red).</p>'
+        + f'<p>Step time against the median, {median * 1e3:.2f} ms: white at or below it, dark red '
+          f'{HEAT_FULL_SCALE:.0%} or more above it. This run: {lo * 1e3:.2f} ms to {hi * 1e3:.2f} ms '
+          f'({signed_percent(lo / median - 1 if median else 0.0)} to {signed_percent(hi / median - 1 if median else 0.0)}).</p>'
         + heatmap_svg(ranks, steps, cells, shade, "step time by rank and step")
         + "<p>The bucket that lost the most time in each step (besides model compute):</p>" + legend
         + heatmap_svg(ranks, steps, cells, worst, "worst bucket by rank and step")
@@ -190,13 +202,14 @@ def heatmap_svg(ranks: list[int], steps: list[int], cells: dict[tuple[int, int],
     return "\n".join(out)
 
 
-def _findings(r: dict[str, Any]) -> str:
+def _findings(r: dict[str, Any], con: duckdb.DuckDBPyConnection) -> str:
     if not r["findings"]:
         return "<p>No findings above their thresholds.</p>"
     out = []
     for f in r["findings"]:
-        ev = f["evidence"][:12]
-        more = f" … and {len(f['evidence']) - len(ev)} more" if len(f["evidence"]) > len(ev) else ""
+        ids = list(dict.fromkeys(f["evidence"]))   # a step two gaps share is one line
+        ev = ids[:MAX_EVIDENCE]
+        more = f"<li>… and {len(ids) - len(ev)} more</li>" if len(ids) > len(ev) else ""
         ranks = ", ".join(map(str, f["ranks"][:32])) + (" …" if len(f["ranks"]) > 32 else "")
         out.append(
             f'<div class="finding {escape(f["severity"])}"><b>{escape(f["code"])} {escape(f["slug"])}</b> '
@@ -206,10 +219,21 @@ def _findings(r: dict[str, Any]) -> str:
                else "")
             + f'</span><p>{escape(f["summary"])}</p><p><b>What to do:</b> {escape(f["advice"])}</p>'
             + (f'<p class="muted">Ranks: {escape(ranks)}</p>' if ranks else "")
-            + (f'<p class="muted">Evidence: <code>{escape(" ".join(ev))}{escape(more)}</code></p>' if ev else "")
+            + (f'<p class="muted">Evidence:</p><ul class="evidence">{"".join(_evidence(con, e) for e in ev)}{more}</ul>'
+               if ev else "")
             + "</div>"
         )
     return "\n".join(out)
+
+
+def _evidence(con: duckdb.DuckDBPyConnection, evidence_id: str) -> str:
+    """One piece of evidence as people name it (rank, step, the kernel or collective, its time), the
+    kernel's name shortened at a template boundary with the whole of it, and the id, on hover."""
+    place = resolve(con, evidence_id)
+    label = place.label
+    if place.name:
+        label = label.replace(place.name, kernels.short(place.name, EVIDENCE_NAME_WIDTH))
+    return f'<li title="{escape(evidence_id)}: {escape(place.label)}">{escape(label)}</li>'
 
 
 def top_kernels(con: duckdb.DuckDBPyConnection, n: int = TOP_KERNELS) -> list[tuple[Any, ...]]:
@@ -231,7 +255,8 @@ def _kernels(con: duckdb.DuckDBPyConnection) -> str:
     out = ["<table><tr><th>kernel</th><th>class</th><th>calls</th><th>total s</th><th>share</th>"
            "<th>TFLOP/s achieved</th></tr>"]
     for name, kclass, calls, secs, share, tflops in rows:
-        out.append(f"<tr><td><code>{escape(name or '')}</code></td><td>{escape(kclass or '')}</td>"
+        out.append(f"<tr><td><code title=\"{escape(name or '')}\">{escape(kernels.short(name or ''))}</code></td>"
+                   f"<td>{escape(kclass or '')}</td>"
                    f'<td class="n">{calls}</td><td class="n">{secs:.4f}</td><td class="n">{share * 100:.1f}%</td>'
                    f'<td class="n">{"" if tflops is None else f"{tflops:.1f}"}</td></tr>')
     out.append("</table>")

@@ -30,6 +30,15 @@ def percent(share: float | None, unknown: str = "unknown") -> str:
     return f"{points:.{digits}f}%"
 
 
+def signed_percent(change: float) -> str:
+    """A change against a reference, to one decimal: +0.7%, −2.1%, and 0.0% for any that rounds to
+    nothing (never "-0.0%")."""
+    points = round(change * 100, 1)
+    if points == 0:
+        return "0.0%"
+    return f"+{points:.1f}%" if points > 0 else f"−{-points:.1f}%"
+
+
 # Under this many points, a share's decimals would be mostly zeros: 1×10⁻⁷% rather than 0.00000010%.
 _TINY_POINTS = 1e-5
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,16 @@ SQL_DIR = resources.files("diag") / "sql"
 
 def sql_text(name: str) -> str:
     return (SQL_DIR / name).read_text()
+
+
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def named_queries(name: str) -> dict[str, str]:
+    """The queries of a diag/sql file made of `-- name: <query>` blocks (notebook.sql, evidence.sql)."""
+    parts = _BLOCK.split(sql_text(name))
+    return {parts[i]: parts[i + 1].strip().rstrip(";") for i in range(1, len(parts), 2)}
 
 
 # DuckDB's own default is 80% of physical memory, and it keeps every block it has written or read

@@ -125,28 +125,6 @@ GROUP BY c.instance
 ORDER BY max_wait_ns DESC, aligned_ts_ns, c.instance
 LIMIT $limit;
 
--- name: instance_by_id
--- One collective instance (evidence `coll:<instance>`): its group row's key and where it ran.
-SELECT c.pg_name, any_value(c.pg_desc) AS pg_desc, c.collective,
-       coalesce(CAST(floor(log2(nullif(max(c.msg_bytes), 0))) AS INTEGER), -1) AS size_log2,
-       min(s.step) AS step, any_value(c.last_rank) AS last_rank, max(c.wait_ns) AS max_wait_ns,
-       min(c.aligned_ts_ns) AS aligned_ts_ns, max(c.aligned_end_ns) AS aligned_end_ns, max(c.msg_bytes) AS msg_bytes
-FROM collectives c LEFT JOIN steps s ON s.rank = c.rank AND c.ts_ns >= s.start_ns AND c.ts_ns < s.end_ns
-WHERE c.instance = $instance
-GROUP BY c.pg_name, c.collective;
-
--- name: activity_by_index
--- One activity (evidence `act:<file_id>:<index>`): `idx` is its position in the file's timeline.
-SELECT a.rank, a.step, a.name, a.kclass, a.op_name, a.ts_ns + coalesce(o.offset_ns, 0) AS aligned_ts_ns,
-       a.end_ns + coalesce(o.offset_ns, 0) AS aligned_end_ns, a.flops
-FROM activities a LEFT JOIN clock_offsets o USING (rank)
-WHERE a.file_id = $file_id
-  AND a.idx = $index;
-
--- name: step_time
--- One rank's step (evidence `step:<rank>:<step>`).
-SELECT window_ns FROM gpu_states WHERE rank = $rank AND step = $step;
-
 -- name: capture_windows
 -- Which ranks reported in which capture window (live mode), and the world size they declare.
 SELECT capture_window, rank, world_size FROM trace_files

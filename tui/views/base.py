@@ -11,7 +11,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.worker import get_current_worker
 
-from tui.queries import Place
+from diag.outputs.evidence import Place
 from tui.snapshot import Snapshot
 from tui.sources import Store
 

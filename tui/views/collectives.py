@@ -8,8 +8,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
+from diag.outputs.evidence import Place, fmt_bytes, pg_label
 from tui import queries
-from tui.queries import CollectiveGroup, CollectiveInstance, Place, fmt_bytes, fmt_seconds, pg_label
+from tui.queries import CollectiveGroup, CollectiveInstance, fmt_seconds
 from tui.snapshot import LinkRef, Snapshot
 from tui.views.base import Jump, View, query, right
 

@@ -12,9 +12,10 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from diag.attribution.what_if import what_if_words
+from diag.outputs import evidence
+from diag.outputs.evidence import Place
 from diag.runtime.durations import percent
-from tui import queries
-from tui.queries import Place, fmt_ranks, fmt_seconds
+from tui.queries import fmt_ranks, fmt_seconds
 from tui.snapshot import Snapshot
 from tui.views.base import Jump, View, query, right
 from tui.views.overview import SEVERITY_STYLE
@@ -129,7 +130,7 @@ class Findings(View):
         f = findings[index]
         self.query_one("#fd-detail", Static).update(detail(f, self.snap.report["mfu"]))
         ids = tuple(f["evidence"][:MAX_EVIDENCE])
-        query(self, "evidence", lambda cur: tuple(queries.resolve(cur, e) for e in ids), self._evidence)
+        query(self, "evidence", lambda cur: tuple(evidence.resolve(cur, e) for e in ids), self._evidence)
 
     def _evidence(self, places: tuple[Place, ...]) -> None:
         self.places = places

@@ -10,8 +10,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Static
 
+from diag.outputs.evidence import Place
 from tui.palette import HEAT
-from tui.queries import METRICS, STEP_TIME, HeatGrid, Place, fmt_seconds
+from tui.queries import METRICS, STEP_TIME, HeatGrid, fmt_seconds
 from tui.snapshot import Snapshot
 from tui.views.base import Jump, View
 from tui.widgets.heatmap import Heatmap, fmt_unit, fmt_value, unit_of

@@ -7,9 +7,10 @@ from textual import on
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
+from diag.outputs.evidence import Place
 from tui import queries
 from tui.palette import PATH_COLOR, PHASE_COLORS, PHASE_SHORT, STATE_COLORS
-from tui.queries import Lanes, Place, UnderCursor, fmt_seconds
+from tui.queries import Lanes, UnderCursor, fmt_seconds
 from tui.snapshot import Snapshot
 from tui.views.base import View, query, right
 from tui.widgets.lanes import LanesWidget
