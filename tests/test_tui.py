@@ -12,10 +12,12 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import re
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable
@@ -35,9 +37,11 @@ from tui.snapshot import Snapshot, link_for
 from tui.sources import PostMortem, Progress, Store
 from tui.views.collectives import Collectives
 from tui.views.findings import Findings
+from tui.views.help import HELP
+from tui.views.ranks import NO_OUTLIER
 from tui.views.timeline import Timeline
 from tui.widgets.heatmap import Heatmap
-from tui.widgets.lanes import LanesWidget
+from tui.widgets.lanes import LanesWidget, ruler
 
 SCENARIO = Scenario(
     name="tui", world_size=4, steps=3, layers=2, straggler_rank=2, straggler_slowdown=1.4,
@@ -410,3 +414,48 @@ def test_places_default_to_no_jump() -> None:
     assert target_of(Place("x", rank=1, step=2)) == "timeline"
     assert target_of(Place("x", rank=1, step=2, instance="i")) == "collectives"
 
+
+
+# --- rough edges a stranger hits (issue 39) ----------------------------------------------------------
+
+
+@sync
+async def test_enter_on_the_overview_opens_the_top_finding(loaded: Loaded) -> None:
+    """The Overview's findings table has the focus from the start: enter opens the first finding
+    without a tab first."""
+    app = make_app(loaded)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await keys("enter")(pilot)
+        assert app.current == "findings"
+
+
+@sync
+async def test_outlier_key_says_when_no_rank_stands_out(loaded: Loaded) -> None:
+    """`o` on a grid where no rank stands out leaves the metric as it is and says why, instead of
+    nothing at all; `?` lists the key."""
+    app = make_app(loaded)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await keys("3")(pilot)
+        heat = app.query_one(Heatmap)
+        assert heat.grid is not None
+        flat = dataclasses.replace(heat.grid, values={m: np.ones_like(v) for m, v in heat.grid.values.items()})
+        heat.grid = flat
+        before = heat.metric
+        await keys("o")(pilot)
+        assert heat.metric == before
+        assert [n.message for n in app._notifications] == [NO_OUTLIER]
+    assert "`o` the rank that stands out most" in HELP
+
+
+def test_a_ruler_label_is_never_cut_by_the_cursor() -> None:
+    """The timeline's ruler draws the cursor ▼ where a label would be: the label is left out whole
+    (its tick stays), never drawn around the cursor ("1▼5" for 125)."""
+    whole = ruler((0.0, 100e6), 0.0, 80, 79)
+    labels = re.findall(r"╵(\d+)", whole)
+    assert labels == ["20", "40", "60", "80"]        # ticks every 20 ms on 80 columns
+    for cursor in range(79):
+        text = ruler((0.0, 100e6), 0.0, 80, cursor)
+        assert len(text) == 80 and text[cursor] == "▼" and text.count("▼") == 1
+        shown = re.findall(r"╵(\d+)(?=[ ╵▼]|$)", text)
+        assert set(shown) <= set(labels), (cursor, text)      # each label whole or absent
+        assert len(shown) >= len(labels) - 1

@@ -67,7 +67,8 @@ class Findings(View):
 
     def on_mount(self) -> None:
         t = self.query_one("#fd-list", DataTable)
-        for label, key in (("#", "n"), ("finding", "finding"), ("sev", "sev"), ("pts", "pts"),
+        # Ordered by what a fix can win (the report's order): that column comes first, then what it costs.
+        for label, key in (("#", "n"), ("finding", "finding"), ("sev", "sev"), ("can win", "win"), ("lost", "pts"),
                            ("per step", "lost"), ("→ MFU", "whatif")):
             t.add_column(label, key=key)
         self.query_one("#fd-evidence", DataTable).add_column("where", key="where")
@@ -84,7 +85,8 @@ class Findings(View):
         for i, f in enumerate(findings):
             t.add_row(right(str(i + 1)), f"{f['code']} {f['slug']}",
                       Text(f["severity"], style=SEVERITY_STYLE.get(f["severity"], "")),
-                      right(f"{f['mfu_points']:.1f}"), right(fmt_seconds(f["lost_s"])), right(percent(f["what_if_mfu"], "?")),
+                      right(f"{f['recoverable_fraction'] * 100:.1f}"), right(f"{f['mfu_points']:.1f}"),
+                      right(fmt_seconds(f["lost_s"])), right(percent(f["what_if_mfu"], "?")),
                       key=str(i))
         if findings:
             t.move_cursor(row=min(row, len(findings) - 1))

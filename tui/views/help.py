@@ -19,7 +19,7 @@ The mouse works too: click a tab, a row, a heatmap cell (again to open it) or a 
 |---|---|
 | Overview | `↑↓` pick a top finding · `enter` open it |
 | Findings | `↑↓` pick · `enter` go to its evidence list · `enter` or `g` on evidence: show it in the timeline or the collectives table |
-| Ranks | arrows (or `hjkl`) move · `m`/`M` next/previous metric · `s` step time · `enter` open that rank's step in the timeline |
+| Ranks | arrows (or `hjkl`) move · `m`/`M` next/previous metric · `s` step time · `o` the rank that stands out most, in the metric where it does (says so when none does) · `enter` open that rank's step in the timeline |
 | Timeline | `←→` move the cursor (`shift` ×10; past the edge pans) · `↑↓` rank · `+`/`-` zoom at the cursor · `0` fit the step · `[` `]` previous/next step · `home`/`end` view edges · `p` the critical path |
 | Collectives | `↑↓` pick a group · `enter` its instances · `enter` or `g` on an instance: the timeline at the rank that arrived last |
 

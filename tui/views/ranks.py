@@ -11,6 +11,7 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from diag.outputs.evidence import Place
+from diag.runtime.durations import signed_percent
 from tui.palette import HEAT
 from tui.queries import METRICS, STEP_TIME, HeatGrid, fmt_seconds
 from tui.snapshot import Snapshot
@@ -30,7 +31,7 @@ def cell_detail(grid: HeatGrid, row: int, col: int) -> Text:
     if st is not None and finite.size > 1:
         median = float(np.median(finite))
         slower = int((finite > st).sum())
-        t.append(f"{(st / median - 1) * 100:+.1f}% vs the median rank; {slower} of {finite.size} ranks slower\n",
+        t.append(f"{signed_percent(st / median - 1)} vs the median rank; {slower} of {finite.size} ranks slower\n",
                  style="dim")
     parts = sorted(((m, grid.value(m, row, col) or 0.0) for m in METRICS if m != STEP_TIME), key=lambda x: -x[1])
     for m, v in parts:
@@ -38,6 +39,10 @@ def cell_detail(grid: HeatGrid, row: int, col: int) -> Text:
             t.append(f"{m} ", style="")
             t.append(f"{v * 100:.1f}%  ", style="bold")
     return t
+
+
+NO_OUTLIER = ("no rank stands out in any metric: none is 3 median deviations from the median rank and also 5% "
+              "of the step (step time) or 2 points of it (a bucket) away")
 
 
 def outlier(grid: HeatGrid, metric: str) -> tuple[int, float, float] | None:
@@ -121,6 +126,8 @@ class Ranks(View):
         if best is not None:
             h.metric = best[0]
             h.row = h.grid.ranks.index(best[1])
+        else:   # a key that does nothing silently looks broken
+            self.notify(NO_OUTLIER, title="o: outlier", timeout=6)
         self._head()
 
     def action_metric_to(self, metric: str) -> None:

@@ -285,22 +285,29 @@ class LanesWidget(Widget, can_focus=True):
 
     def _axis(self, width: int) -> Strip:
         assert self.data is not None
-        lw, w = self.label_width, self.plot_width
-        t0, t1 = self.view
-        origin = self.data.span_ns[0]
-        step = nice_step(t1 - t0, w)
-        chars = [" "] * w
-        first = ((t0 - origin) // step + 1) * step + origin
-        t = first
-        while t < t1:
-            x = int((t - t0) / (t1 - t0) * w)
-            text = "╵" + _ms(t - origin, step)
-            if x >= 0 and x + len(text) <= w:
+        text = ruler(self.view, self.data.span_ns[0], self.plot_width, self.cursor_col)
+        return Strip([Segment("ms".rjust(self.label_width - 1) + " ", Style(dim=True)),
+                      Segment(text, Style(dim=True))]).adjust_cell_length(width).apply_style(self.rich_style)
+
+
+def ruler(view: tuple[float, float], origin: float, width: int, cursor: int) -> str:
+    """The time axis over `view` (ns), ticks labelled in ms from `origin`, the cursor ▼ at column
+    `cursor`. A label the cursor would cut ("1▼5" for 125) is left out whole; its tick stays."""
+    t0, t1 = view
+    step = nice_step(t1 - t0, width)
+    chars = [" "] * width
+    t = ((t0 - origin) // step + 1) * step + origin
+    while t < t1:
+        x = int((t - t0) / (t1 - t0) * width)
+        text = "╵" + _ms(t - origin, step)
+        if x >= 0 and x + len(text) <= width:
+            if x <= cursor < x + len(text):
+                chars[x] = "╵"
+            else:
                 chars[x:x + len(text)] = list(text)
-            t += step
-        chars[self.cursor_col] = "▼"
-        return Strip([Segment("ms".rjust(lw - 1) + " ", Style(dim=True)),
-                      Segment("".join(chars), Style(dim=True))]).adjust_cell_length(width).apply_style(self.rich_style)
+        t += step
+    chars[cursor] = "▼"
+    return "".join(chars)
 
 
 def _ms(t_ns: float, step_ns: float) -> str:
