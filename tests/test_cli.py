@@ -16,7 +16,7 @@ from helpers import ROOT, run_diag
 
 from diag import __version__
 from diag.cli import build_parser
-from diag.runtime.durations import data_size, number, percent, signed_percent, times
+from diag.runtime.durations import data_size, number, percent, signed_percent, significant, times
 
 pytestmark = pytest.mark.xdist_group("cli")
 
@@ -271,6 +271,8 @@ def test_absurd_magnitudes_read_as_powers_of_ten() -> None:
     assert [number(x) for x in (989.0, 494.7, 1979.0, 0.0125, 1e30, 3.2e-9)] == \
         ["989", "494.7", "1979", "0.0125", "1×10³⁰", "3.2×10⁻⁹"]
     assert times(2.345) == "2.3×" and times(7.385648137556531e26) == "7.4×10²⁶×"
+    assert [significant(x) for x in (0.498, 40.4, 6.07e-13)] == ["0.498", "40.4", "6.07×10⁻¹³"]
+    assert significant(4.2e11, 4) == "4.2×10¹¹"
     assert [data_size(n) for n in (512, 12_345, 3_400_000)] == ["512 B", "12.3 kB", "3.4 MB"]
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from diag.knowledge import hardware
 from diag.knowledge.model import ModelSpec, flops_per_token, load_model
-from diag.runtime.durations import number
+from diag.runtime.durations import number, significant
 from diag.runtime.errors import BadInput, ExitCode
 from diag.runtime.option_types import positive_float, positive_int
 
@@ -232,12 +232,12 @@ def run_mfu(args: argparse.Namespace) -> int:
 
 
 def render_text(result: MfuResult, peak_source: str, model: ModelSpec | None) -> str:
-    lines = [f"MFU            {100 * result.mfu:.3g}%"]
+    lines = [f"MFU            {significant(100 * result.mfu)}%"]
     if result.tokens_per_s is not None:
         lines.append(f"tokens/s       {result.tokens_per_s:,.0f}")
     if result.flops_per_token is not None and model is not None:
         term = "6N + 12LHQT" if model.layers else "6N; --layers --heads --head-dim --seq-len add attention"
-        lines.append(f"FLOPs/token    {result.flops_per_token:.4g}  ({term})")
+        lines.append(f"FLOPs/token    {significant(result.flops_per_token, 4)}  ({term})")
     lines.append(f"model TFLOP/s  {result.model_tflops_per_gpu:,.1f} per GPU")
     lines.append(f"peak           {number(result.peak_tflops)} TFLOP/s per GPU ({peak_source})")
     if result.gpus is not None:

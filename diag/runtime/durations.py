@@ -54,6 +54,14 @@ def number(x: float) -> str:
     return powers_of_ten(x)
 
 
+def significant(x: float, digits: int = 3) -> str:
+    """`digits` significant digits: 0.498 → "0.498", 4.027e8 → "4.027×10⁸" (digits 4), 6.07e-13 →
+    "6.07×10⁻¹³": powers of ten outside [10⁻⁴, 10⁶), where `:g` would write 1e+30 or 4.027e+08."""
+    if x == 0 or not math.isfinite(x) or _SMALL <= abs(x) < _LARGE:
+        return f"{x:.{digits}g}"
+    return powers_of_ten(x, digits)
+
+
 def times(ratio: float) -> str:
     """How many times: 2.345 → "2.3×"; 7.4e26 → "7.4×10²⁶×"."""
     return f"{ratio:.1f}×" if abs(ratio) < _LARGE else f"{powers_of_ten(ratio)}×"
