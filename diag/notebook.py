@@ -12,11 +12,12 @@ buffers as they are (no row passes through Python); findings() is the report's o
 
 from __future__ import annotations
 
+import os
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from diag.api import analyze_opened, open_store, print_warnings
-from diag.engine.run import AnalyzeOptions
+from diag.engine.run import AnalyzeOptions, gpu_part
 from diag.outputs.report import render_markdown, render_text, to_json
 from diag.outputs.report_types import Report
 from diag.runtime import store
@@ -27,19 +28,19 @@ if TYPE_CHECKING:
 
     from diag.engine.run import Analysis
 
-def open(path: str, db: str | None = None, *, model: str | None = None, gpu: str | None = None,  # noqa: A001
-         peak_tflops: float | None = None, tokens_per_step: float | None = None,
-         all_steps: bool = False) -> Run:
+
+def open(path: str | os.PathLike[str], db: str | os.PathLike[str] | None = None, *,  # noqa: A001
+         model: str | None = None, gpu: str | None = None, peak_tflops: float | None = None,
+         tokens_per_step: float | None = None, all_steps: bool = False) -> Run:
     """PATH (a trace file, a trace directory or a diag DuckDB file) ingested and analyzed, with the
     options `diag analyze` takes (`--model` is `model=`, and so on). Traces go into `db` when given
     (kept for `diag tui DB`), else into memory. Files that cannot be read are said on stderr, as the
     command says them; bad input raises diag.runtime.errors.BadInput (its message is the CLI's line)."""
-    from diag.engine.run import gpu_part
-
     part = gpu_part(gpu)   # as typed: 'h100', 'H100-SXM', the trace's device name
-    opts = AnalyzeOptions(model=model, gpu=part.key if part else None, peak_tflops=peak_tflops, tokens_per_step=tokens_per_step,
-                          all_steps=all_steps)
-    opened = open_store(path, db)
+    opts = AnalyzeOptions(model=model, gpu=part.key if part else None, peak_tflops=peak_tflops,
+                          tokens_per_step=tokens_per_step, all_steps=all_steps)
+    path = os.fspath(path)
+    opened = open_store(path, None if db is None else os.fspath(db))
     try:
         analysis, document = analyze_opened(opened.con, opts, opened.model_file, len(opened.errors))
     except BaseException:

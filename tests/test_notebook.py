@@ -62,7 +62,7 @@ def test_the_notebook_page_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def run() -> Iterator[Run]:
     path = shared_traces() / "HolisticTraceAnalysis/tests/data/trace_filter"
-    with diag.open(str(path)) as r:
+    with diag.open(path) as r:          # a Path, as a notebook has it
         yield r
 
 
@@ -130,7 +130,7 @@ def test_open_reports_bad_input_as_the_cli_does(tmp_path: Path) -> None:
     from diag.runtime.errors import BadInput
 
     with pytest.raises(BadInput, match="no such file"):
-        diag.open(str(tmp_path / "missing"))
+        diag.open(tmp_path / "missing")
 
 
 def test_text_is_analyze_s(run: Run) -> None:
