@@ -120,3 +120,20 @@ def test_unaligned_ranks_that_share_untrusted_instances_are_not_said_to_share_no
     assert len(notes) == 1 and notes[0].startswith("clock of rank(s) 1 not aligned to rank 0: the 3 collective")
     assert "no collective" not in notes[0]
     assert clock_notes(offsets)[0].startswith("clock of rank(s) 1 not aligned: no collective")
+
+
+def test_peers_on_the_cpu_op_only_align_every_stage(tmp_path: Path) -> None:
+    """As current PyTorch writes a pipeline: the send/recv kernels carry the collective's name, sizes
+    and process group, the peer and Seq only their record_param_comms (the generator's default since
+    issue 36). Every stage's clock is aligned, to the generator's offsets, and MFU002 finds p and m."""
+    truth = generate("pipeline_1f1b", tmp_path, steps=2)
+    for f in tmp_path.glob("rank-*.json"):
+        for e in json.loads(f.read_text())["traceEvents"]:
+            if e.get("cat") == "kernel" and "Collective name" in e["args"]:
+                assert not {"Rank", "Src Rank", "Dst Rank", "Seq"} & set(e["args"])
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    want = {str(r.rank): r.clock_offset_ns / 1000 for r in truth.ranks}
+    got = report["clock_offsets_us"]
+    assert set(got) == set(want) and all(abs(got[k] - want[k]) < 1.0 for k in want), (got, want)
+    bubble = next(f for f in report["findings"] if f["code"] == "MFU002")
+    assert (bubble["details"]["stages"], bubble["details"]["microbatches"]) == (4, 4)

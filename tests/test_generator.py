@@ -13,7 +13,7 @@ import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ class Run:
     files: dict[int, Path]
     model: dict[str, int]
     expected: dict[str, Any]
+    comm_ops: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # rank → External id → args
 
     def events(self, rank: int) -> list[Event]:
         return self.traces[rank]["traceEvents"]
@@ -141,8 +142,11 @@ def test_every_kernel_has_one_launch_and_its_flows(run: Run) -> None:
             if k["name"].startswith("nccl"):
                 op = cpu[k["args"]["External id"]]
                 assert op["name"] == "record_param_comms"
-                for field in ("Collective name", "Process Group Name", "Process Group Ranks", "In msg nelems", "Seq"):
+                for field in ("Collective name", "Process Group Name", "Process Group Ranks", "In msg nelems"):
                     assert k["args"][field] == op["args"][field]
+                # Seq and the peer are on the CPU op only, as Kineto writes them (DESIGN.md).
+                assert not {"Seq", "Rank", "Src Rank", "Dst Rank"} & set(k["args"])
+                assert "Seq" in op["args"] and "Rank" in op["args"]
         assert sum(flows.values()) == 2 * len(gpu)
 
 
@@ -288,6 +292,14 @@ def test_flops_from_shapes_equal_the_model_description(run: Run) -> None:
 
 # ---- collectives and clocks -----------------------------------------------------------------------------
 
+def launcher(run: Run, rank: int, kernel: Event) -> dict[str, Any]:
+    """The args of the record_param_comms op that launched an NCCL kernel (same External id)."""
+    if rank not in run.comm_ops:
+        run.comm_ops[rank] = {e["args"]["External id"]: e["args"] for e in run.events(rank)
+                              if e["ph"] == "X" and e["name"] == "record_param_comms"}
+    return run.comm_ops[rank][kernel["args"]["External id"]]
+
+
 def collective_kernels(run: Run) -> Iterator[tuple[tuple[str, int], int, int, int]]:
     """(pg, Seq), rank, start and end on rank 0's clock, for every all-reduce kernel."""
     for rank in run.traces:
@@ -295,7 +307,7 @@ def collective_kernels(run: Run) -> Iterator[tuple[tuple[str, int], int, int, in
         for e in run.events(rank):
             if e["ph"] == "X" and e["cat"] == "kernel" and e["name"].startswith("ncclDevKernel_AllReduce"):
                 start = ns(e["ts"]) + offset
-                yield (e["args"]["Process Group Name"], e["args"]["Seq"]), rank, start, start + ns(e["dur"])
+                yield (e["args"]["Process Group Name"], launcher(run, rank, e)["Seq"]), rank, start, start + ns(e["dur"])
 
 
 def test_clock_offsets_align_collective_ends(run: Run) -> None:
@@ -328,7 +340,7 @@ def test_send_recv_pairs_end_together(run: Run) -> None:
         offset = run.rank_truth(rank)["clock_offset_ns"]
         for e in run.events(rank):
             if e["ph"] == "X" and e["cat"] == "kernel" and e["name"].startswith("ncclDevKernel_SendRecv"):
-                a = e["args"]
+                a = launcher(run, rank, e)
                 pair = (rank, a["Dst Rank"], "send") if "Dst Rank" in a else (a["Src Rank"], rank, "recv")
                 ends[pair].append(ns(e["ts"]) + ns(e["dur"]) + offset)
     assert bool(ends) == (run.scenario.pp > 1)

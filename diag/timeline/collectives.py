@@ -1,8 +1,11 @@
 """Collectives across ranks (the reduce step): one row per call per rank, matched into instances,
 with each rank's wait for the last arrival, and the clock offset of every rank.
 
-- A call's process group, Seq and sizes come from the `record_param_comms` CPU op around its
-  launch (or from the kernel's own args in newer Kineto); without them, from the kernel name.
+- A call's process group, Seq, sizes and peer come from its kernel's own args (newer Kineto copies
+  some) merged with the `record_param_comms` CPU op that launched it (around the launch on its
+  thread, else the kernel's External id): whichever carries a field gives it, and the CPU op wins
+  for Seq and the peer, which Kineto does not copy to the kernel (DESIGN.md); without either, the
+  collective comes from the kernel name.
 - Instances match by (capture window, process group, Seq), else by the call's ordinal within its
   process group on each rank.
 - The last rank to arrive has the shortest kernel; every other rank's extra duration is waiting
@@ -12,8 +15,10 @@ with each rank's wait for the last arrival, and the clock offset of every rank.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import duckdb
 import msgspec
@@ -68,7 +73,7 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
     args = con.execute(
         """
         SELECT source, tid, ts_ns, ts_ns + dur_ns, correlation, collective, pg_name, pg_desc, seq,
-               group_size, pg_ranks, in_nelems, out_nelems, dtype, peer_rank
+               group_size, pg_ranks, in_nelems, out_nelems, dtype, peer_rank, external_id
         FROM collective_args WHERE file_id = ? ORDER BY tid, ts_ns
         """,
         [tl.file_id],
@@ -79,18 +84,15 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
     groups: dict[tuple[int, ...], str] = {}
     args = [tuple(texts.setdefault(v, v) if isinstance(v, str) else v for v in a) for a in args]
     by_corr = {a[4]: a for a in args if a[0] == "kernel" and a[4] is not None}
-    by_tid: dict[int, list[tuple]] = defaultdict(list)  # type: ignore[type-arg]
-    for row in args:
-        if row[0] == "cpu_op":
-            by_tid[row[1]].append(row)
+    ops = _CpuOps([a for a in args if a[0] == "cpu_op"])
     calls = []
     launch = tl.acts.take(comm)
-    for i, corr, tid, launch_ts, step_i, ts, end in zip(
-        comm.tolist(), launch.column("correlation").to_pylist(), launch.column("launch_tid").to_pylist(),
-        launch.column("launch_ts").to_pylist(), tl.step_of[comm].tolist(), tl.ts_ns[comm].tolist(),
-        tl.end_ns[comm].tolist(), strict=True,
+    for i, corr, ext, tid, launch_ts, step_i, ts, end in zip(
+        comm.tolist(), launch.column("correlation").to_pylist(), launch.column("ext").to_pylist(),
+        launch.column("launch_tid").to_pylist(), launch.column("launch_ts").to_pylist(),
+        tl.step_of[comm].tolist(), tl.ts_ns[comm].tolist(), tl.end_ns[comm].tolist(), strict=True,
     ):
-        a = by_corr.get(corr) or _enclosing(by_tid, tid, launch_ts)
+        a = _merged(by_corr.get(corr), ops.launching(tid, launch_ts, ext))
         kname = tl.collective[i] or "unknown"
         step = tl.steps.step[step_i] if step_i >= 0 else -1   # the ProfilerStep number
         if a is None:
@@ -117,17 +119,49 @@ def calls_of(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:
     return calls
 
 
-def _enclosing(by_tid: dict[int, list[tuple]], tid: int | None, ts: int | None) -> tuple | None:  # type: ignore[type-arg]
-    """The innermost record_param_comms span on the launching thread that contains the launch."""
-    if tid is None or ts is None:
-        return None
-    best = None
-    for a in by_tid.get(tid, ()):
-        if a[2] > ts:
-            break
-        if a[3] >= ts:
-            best = a
-    return best
+# Fields of a collective_args row (calls_of's SELECT) that the CPU op gives before the kernel:
+# Seq and the peer are written on record_param_comms only (torch's profiler; Kineto copies the
+# name, sizes, dtype and process group to the kernel, not these).
+_SEQ, _PEER = 8, 14
+_FIELDS = range(5, 15)
+# record_param_comms spans nest at most a few deep (a coalesced group around its ops): looking
+# this many spans back from the last that began before a launch finds the one around it.
+_NESTING = 8
+
+Row = tuple[Any, ...]
+
+
+class _CpuOps:
+    """A rank's record_param_comms rows, found by the launch they contain or by External id."""
+
+    def __init__(self, rows: list[Row]) -> None:
+        self.by_tid: dict[int, list[Row]] = defaultdict(list)
+        for row in rows:   # sorted by (tid, ts): calls_of's ORDER BY
+            self.by_tid[row[1]].append(row)
+        self.starts = {tid: [r[2] for r in rs] for tid, rs in self.by_tid.items()}
+        self.by_ext = {r[15]: r for r in rows if r[15] is not None}
+
+    def launching(self, tid: int | None, ts: int | None, ext: int | None) -> Row | None:
+        """The innermost span on the launching thread that contains the launch, else the op with
+        the kernel's External id (a launch with no runtime call recorded)."""
+        if tid is not None and ts is not None and tid in self.by_tid:
+            rows, last = self.by_tid[tid], bisect_right(self.starts[tid], ts) - 1
+            for row in rows[max(0, last - _NESTING + 1):last + 1][::-1]:
+                if row[3] >= ts:
+                    return row
+        return self.by_ext.get(ext) if ext is not None else None
+
+
+def _merged(kernel: Row | None, cpu: Row | None) -> Row | None:
+    """The kernel's row with each field it lacks taken from the CPU op's; Seq and the peer from
+    the CPU op's where it has them."""
+    if kernel is None or cpu is None:
+        return kernel or cpu
+    out = list(kernel)
+    for f in _FIELDS:
+        if cpu[f] is not None and (out[f] is None or f in (_SEQ, _PEER)):
+            out[f] = cpu[f]
+    return tuple(out)
 
 
 def match(calls: Iterable[Call]) -> list[Matched]:
