@@ -211,6 +211,7 @@ def test_ridge_point() -> None:
         ({"name": "Tesla V100-PCIE-16GB", "numSms": 80, "totalGlobalMem": 16945512448}, "v100-pcie"),
         ({"name": "Tesla V100S-PCIE-32GB", "numSms": 80, "totalGlobalMem": 34089730048}, "v100s-pcie"),
         ({"name": "Tesla V100-DGXS-32GB", "numSms": 80, "totalGlobalMem": 34089730048}, "v100-dgxs"),
+        ({"name": "Tesla V100-DGXS-16GB", "numSms": 80, "totalGlobalMem": 16945512448}, "v100-dgxs-16gb"),
         ({"name": "NVIDIA A100-PCIE-40GB", "numSms": 108, "totalGlobalMem": 42505273344}, "a100-40gb"),
         ({"name": "NVIDIA A10", "numSms": 72, "totalGlobalMem": 23836033024}, "a10"),
         ({"name": "NVIDIA L4", "numSms": 58, "totalGlobalMem": 23580639232}, "l4"),
@@ -314,6 +315,11 @@ def test_dense_peaks_of_the_added_parts() -> None:
     assert dense_peak_tflops(PARTS["mi300x"], "bf16") == 1307.4
     assert dense_peak_tflops(PARTS["mi355x"], "fp4") == 10066.4
     assert dense_peak_tflops(PARTS["v100-pcie"], "fp16") == 112.0
+    # DGX Station: 500 TFLOPS / 4 GPUs (32 GB), 480 / 4 (16 GB); the 32 GB part's FP32 is the SXM2's.
+    assert dense_peak_tflops(PARTS["v100-dgxs"], "fp16") == 500 / 4
+    assert dense_peak_tflops(PARTS["v100-dgxs"], "fp32") == dense_peak_tflops(PARTS["v100"], "fp32") == 15.7
+    assert (dense_peak_tflops(PARTS["v100-dgxs-16gb"], "fp16"), dense_peak_tflops(PARTS["v100-dgxs-16gb"], "fp32")) \
+        == (480 / 4, 60 / 4)
     assert dense_peak_tflops(PARTS["rtx-2080-ti"], "fp16") == 53.8  # FP32 accumulate
     assert "bf16" not in PARTS["v100"].dense_tflops
     # Nothing recorded: V100 runs are taken to be fp16 (tensor cores), Pascal ones fp32.

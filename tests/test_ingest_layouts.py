@@ -263,3 +263,21 @@ def test_a_cupti_range_profiler_capture_says_why_it_has_no_gpu_timeline() -> Non
     assert report["timeline"] == "host"
     # The host timeline's activities are aten ops: no note calls them unknown kernel names.
     assert not any("kernel names" in n for n in report["notes"])
+
+
+def test_numeric_string_pids_and_tids_are_numbers_not_names(tmp_path: Path) -> None:
+    """torch 1.9-era traces write a host thread as text ("tid": "5555"): it is that number, the same
+    rows as the integers give, with no "values were names" warning (issue 36)."""
+    doc = load_json(shared_traces() / AFTER_FIX)
+    texts = copy.deepcopy(doc)
+    for e in texts["traceEvents"]:
+        for key in ("pid", "tid"):
+            if type(e.get(key)) is int:
+                e[key] = str(e[key])
+    rows = {}
+    for name, d in (("ints", doc), ("texts", texts)):
+        con = store.connect(None)
+        ingest([str(_write(tmp_path / f"{name}.json.gz", d))], con, IngestOptions(jobs=1))
+        assert "names" not in json.dumps(con.execute("SELECT warnings FROM trace_files").fetchall())
+        rows[name] = con.execute("SELECT pid, tid, ts_ns, name FROM cpu_ops ORDER BY ts_ns, name, tid").fetchall()
+    assert rows["texts"] == rows["ints"] and rows["ints"]
