@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diag.attribution import gemm_shape
-from diag.attribution.analysis import Finding, RankContext, RunContext, severity
+from diag.attribution.analysis import Finding, RankContext, RunContext, mfu_missing, severity
 from diag.attribution.digest import TF32_KERNEL
 from diag.attribution.resident_comm import Resident, resident, summarize
 from diag.attribution.workload_mix import CONV
@@ -239,11 +239,14 @@ class SlowGemms(Rule[Params]):
         ranks, steps = run.involved("gemm_inefficiency", 0.0)
         lost_s = run.mean_seconds("gemm_inefficiency")
         peak = run.peak.flops_per_s
-        if peak is None:
+        if peak is None or run.mfu is None:
+            # The bucket holds all GEMM/attention time, model compute included: no inefficiency
+            # to advise on, only the input that would split it (issue 36).
             return [Finding(
                 self.code, self.slug, "info", frac, lost_s, ranks, steps, [],
-                "pass --gpu or --peak-tflops to split GEMM time into model compute and inefficiency",
-                f"GEMM/attention kernels take {frac:.1%} of the step; without a peak it is not split further",
+                mfu_missing(peak is not None) + " to split GEMM time into model compute and inefficiency",
+                f"GEMM/attention kernels take {frac:.1%} of the step; without "
+                f"{'model FLOPs' if peak is not None else 'a peak'} it is not split into model compute and loss",
                 None, {}, bucket="gemm_inefficiency", recoverable_fraction=0.0,
             )]
         ceiling = gemm_shape.ceiling_of(run.peak.part_key)
@@ -282,9 +285,7 @@ class SlowGemms(Rule[Params]):
                 "reachable_tflops": reachable / 1e12, "flop_per_byte": flop_per_byte,
                 "recoverable_ms": gain_by_class[c.key] * 1e3, "causes": sorted(c.causes),
             })
-        summary = (f"GEMM/attention kernels below peak cost {frac:.1%} of the step" if run.mfu is not None else
-                   f"GEMM/attention kernels take {frac:.1%} of the step (model FLOPs unknown: not split from "
-                   "model compute)") + f", {recoverable:.1%} recoverable"
+        summary = f"GEMM/attention kernels below peak cost {frac:.1%} of the step, {recoverable:.1%} recoverable"
         if rows and rows[0]["achieved_tflops"] is not None and gain_by_class[worst[0].key] > 0:
             r0 = rows[0]
             shape = "×".join(map(str, r0["mnk"])) if r0["mnk"] else r0["kind"]

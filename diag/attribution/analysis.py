@@ -149,6 +149,8 @@ class RunContext(msgspec.Struct):
     notes: list[str] = msgspec.field(default_factory=list)
     workload: str = "training"                   # "training" | "inference" (no backward pass anywhere)
     steps_excluded: list[tuple[int, int, str]] = msgspec.field(default_factory=list)   # (rank, step, why): not in the means
+    flops_coverage: float | None = None           # share of GEMM/attention kernel time with FLOPs from shapes
+    mfu_range: tuple[float, float] | None = None  # (lower, upper) where coverage is under the point's 90% (engine.run)
 
     @property
     def inference(self) -> bool:
@@ -229,3 +231,11 @@ def severity(points: float) -> str:
     if points >= 1:
         return "low"
     return "info"
+
+
+def mfu_missing(peak_known: bool) -> str:
+    """What to pass for the MFU the trace could not give: the peak where the part is unknown, else
+    the model FLOPs (the part was found, and op shapes did not cover enough GEMM time)."""
+    if not peak_known:
+        return "pass --gpu or --peak-tflops (the part's dense peak is unknown)"
+    return "pass --model with tokens_per_step (model FLOPs are unknown), or --tokens-per-step with a preset"

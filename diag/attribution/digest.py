@@ -56,6 +56,11 @@ class RankDigest(msgspec.Struct):
     # The data loader's CPU spans (own clock): the critical path calls idle time under them `host`.
     dataloader_spans: tuple[I64, I64] = msgspec.field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     mix: Mix | None = None              # kernel time by family signal, and features in use (workload_mix.py)
+    # The FLOPs coverage of GEMM/attention kernels (issue 36): the FLOPs the shaped ones executed,
+    # the unshaped ones' time per step (index into steps) and by why they have no FLOPs (unshaped_why).
+    matmul_flops: float = 0.0
+    unshaped_ns_by_step: list[int] = msgspec.field(default_factory=list)
+    unshaped_ns_by_why: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:
@@ -78,8 +83,43 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         graph_launches=len(set(np.asarray(tl.correlation, dtype=object)[tl.kernel][graph].tolist())),
         dataloader_spans=tl.dataloader_spans,
         mix=mix_of(tl, attention_bmms(tl.op_name, tl.stream, tl.kernel.tolist())),
+        matmul_flops=float(tl.flops[matmul].sum()),
+        unshaped_ns_by_step=_unshaped_by_step(tl, matmul), unshaped_ns_by_why=_unshaped_by_why(tl, matmul),
     )
     return digest, runs
+
+
+NO_LAUNCH = "no launch record"
+NO_OP = "no op around its launch"
+
+
+def unshaped_why(op: str | None, launched: bool) -> str:
+    """Why a GEMM/attention kernel has no FLOPs: its launch is not in the trace (the kernel of an
+    earlier iteration, or a capture that began mid-step), no op encloses its launch, or the op
+    around it gives none (no recorded shapes, or an op flops.py does not count)."""
+    if op:
+        return op
+    return NO_OP if launched else NO_LAUNCH
+
+
+def _unshaped(tl: RankTimeline, matmul: npt.NDArray[np.bool_]) -> npt.NDArray[np.intp]:
+    return np.nonzero(matmul & ~(tl.flops > 0))[0]
+
+
+def _unshaped_by_step(tl: RankTimeline, matmul: npt.NDArray[np.bool_]) -> list[int]:
+    idx = _unshaped(tl, matmul)
+    step = tl.step_of[idx]
+    keep = step >= 0
+    dur = (tl.end_ns[idx] - tl.ts_ns[idx])[keep]
+    return np.bincount(step[keep], weights=dur, minlength=len(tl.steps.step)).astype(np.int64).tolist()
+
+
+def _unshaped_by_why(tl: RankTimeline, matmul: npt.NDArray[np.bool_]) -> dict[str, int]:
+    out: Counter[str] = Counter()
+    launch = tl.launch_ts_ns
+    for i in _unshaped(tl, matmul).tolist():
+        out[unshaped_why(tl.op_name[i], launch[i] is not None)] += int(tl.end_ns[i] - tl.ts_ns[i])
+    return dict(out)
 
 
 def name_collectives(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> list[Call]:

@@ -20,7 +20,7 @@ from diag.attribution import dtype_mix, tables
 from diag.attribution.analysis import Finding, Peak, RunContext, StepContext
 from diag.attribution.critical_path import StepPath, critical_paths
 from diag.attribution.critical_path import write as write_critical_path
-from diag.attribution.digest import RankDigest
+from diag.attribution.digest import NO_LAUNCH, NO_OP, RankDigest
 from diag.attribution.ledger import StepLedger
 from diag.attribution.what_if import retimed
 from diag.engine import rank_map
@@ -189,6 +189,9 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     ledgers = [_ledger(r, i, states[(r.file_id, i)], peak, rules) for r in ranks for i in range(len(r.steps.step))
                if (r.file_id, i) in states]
     mfu, hfu = _utilization(states, peak)
+    coverage = _shape_coverage(ranks) if any(r.matmul_ns for r in ranks) else None
+    bounds = mfu_range(ranks, states, peak, workload) if mfu is None and not host and coverage \
+        and coverage < MIN_SHAPE_COVERAGE and not (spec is not None and spec.tokens_per_step) else None
     if mfu is not None and mfu > IMPOSSIBLE_MFU and spec is not None:
         raise BadInput(
             opts.model or spec.name,
@@ -196,7 +199,8 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
             "measured steps: it does not describe this run (check params, tokens_per_step and --gpu)",
         )
     run = RunContext(ranks, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed, workload=workload,
-                     steps_excluded=[] if opts.all_steps else sorted(outliers.values()))
+                     steps_excluded=[] if opts.all_steps else sorted(outliers.values()),
+                     flops_coverage=None if host else coverage, mfu_range=bounds)
     if workload == "inference":
         run.notes.append(INFERENCE_NOTE)
     if host:
@@ -206,6 +210,11 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
         run.notes.append("without model FLOPs at a known peak the compute time is not split: "
                          "gemm_inefficiency holds all GEMM/attention time, non_matmul the rest")
     run.notes.append(flops_source)
+    if bounds is not None:
+        run.notes.append(
+            f"MFU between {bounds[0]:.1%} and {bounds[1]:.1%} (mfu_range): the lower bound counts the FLOPs op "
+            "shapes give, the upper adds the rest of GEMM/attention kernel time at the rate the shaped kernels "
+            "achieved")
     run.notes.append(f"peak: {peak.source}")
     run.notes.extend(rank_notes(con))
     # On a host timeline the activities are aten ops, not kernels: no kernel table applies.
@@ -394,13 +403,14 @@ def _model_flops(
         note += f" ({spec.name} gives no tokens_per_step: pass --tokens-per-step)"
     covered = _shape_coverage(ranks)
     if covered < MIN_SHAPE_COVERAGE:
-        # Kernels without shapes (torch.compile regions, record_shapes off) would make the inferred
-        # FLOPs, and so the MFU, a silent underestimate: leave them unknown instead.
+        # Kernels without FLOPs would make the inferred FLOPs, and so the MFU, a silent
+        # underestimate: the point is left unknown (mfu_range bounds it where some are known).
         for k, st in states.items():
             states[k] = _with_model(st, None)
-        why = (f"only {covered:.0%} of GEMM/attention kernel time has op shapes (record_shapes off, or torch.compile "
-               "regions)" if any(r.matmul_ns for r in ranks) else "no GEMM or attention kernel ran")
-        return f"{note}: {why}, so model FLOPs and MFU are unknown; pass --model with tokens_per_step"
+        if not any(r.matmul_ns for r in ranks):
+            return f"{note}: no GEMM or attention kernel ran, so model FLOPs and MFU are unknown"
+        return (f"{note}: only {_coverage_why(ranks)}, so model FLOPs and MFU are unknown; pass --model with "
+                "tokens_per_step")
     for k, st in states.items():
         # Inference has no backward to tell forward ops from: every matmul FLOP executed in the step
         # is the model's (ops outside any ProfilerStep span are phase `other`, not `forward`).
@@ -419,6 +429,38 @@ MIN_SHAPE_COVERAGE = 0.9
 def _shape_coverage(ranks: list[RankDigest]) -> float:
     total = sum(r.matmul_ns for r in ranks)
     return sum(r.matmul_with_flops_ns for r in ranks) / total if total else 0.0
+
+
+def _coverage_why(ranks: list[RankDigest], top: int = 4) -> str:
+    """'70% of GEMM/attention kernel time has FLOPs from op shapes; the rest: ...', each reason
+    (digest.unshaped_why) with its share of GEMM/attention kernel time, largest first."""
+    total = sum(r.matmul_ns for r in ranks)
+    why = sorted(dtype_mix.summed(r.unshaped_ns_by_why for r in ranks).items(), key=lambda x: -x[1])
+    named = "; ".join(f"{w if w in (NO_LAUNCH, NO_OP) else f'under {w}'} {ns / total:.0%}"
+                      for w, ns in why[:top])
+    more = f"; {len(why) - top} more" if len(why) > top else ""
+    return (f"{_shape_coverage(ranks):.0%} of GEMM/attention kernel time has FLOPs from op shapes; the rest: "
+            f"{named}{more}")
+
+
+def mfu_range(ranks: list[RankDigest], states: dict[tuple[int, int], StepStates], peak: Peak,
+              workload: str) -> tuple[float, float] | None:
+    """MFU bounds when only part of GEMM/attention time has FLOPs from shapes (issue 36): lower, the
+    shaped FLOPs alone; upper, adding each step's unshaped GEMM/attention time at the rate the
+    shaped kernels achieved (Σ their FLOPs ÷ Σ their time). None when nothing is shaped or no peak."""
+    shaped_ns = sum(r.matmul_with_flops_ns for r in ranks)
+    if peak.flops_per_s is None or not shaped_ns:
+        return None
+    rate = sum(r.matmul_flops for r in ranks) / shaped_ns   # FLOPs per ns
+    by_file = {r.file_id: r for r in ranks}
+    lower, upper = {}, {}
+    for (f, i), st in states.items():
+        flops = st.exec_flops if workload == "inference" else 3.0 * st.fwd_flops
+        unshaped = by_file[f].unshaped_ns_by_step
+        lower[(f, i)] = _with_model(st, flops)
+        upper[(f, i)] = _with_model(st, flops + rate * (unshaped[i] if i < len(unshaped) else 0))
+    lo, hi = _utilization(lower, peak)[0], _utilization(upper, peak)[0]
+    return None if lo is None or hi is None else (lo, hi)
 
 
 def _with_model(st: StepStates, flops: float | None) -> StepStates:

@@ -19,7 +19,7 @@ from diag.attribution.what_if import what_if_words
 from diag.engine.run import Analysis
 from diag.knowledge import kernels
 from diag.outputs.evidence import resolve
-from diag.outputs.report import _header, _of, _waterfall
+from diag.outputs.report import UNSPLIT, _header, _of, _waterfall, unsplit_points
 from diag.runtime.durations import number, percent, signed_percent
 
 # One colour per bucket (Okabe–Ito-like, distinguishable in colour-blindness simulations).
@@ -108,6 +108,9 @@ def waterfall_svg(r: dict[str, Any]) -> str:
     for b, p in _waterfall(r):
         rows.append((f"− {b}", left - p, left, COLOURS[b]))
         left -= p
+    if (unsplit := unsplit_points(r)) is not None:
+        # Not a loss: compute whose model FLOPs are unknown, left standing above the compute bar.
+        rows.append((f"? {UNSPLIT}", left - unsplit, left, COLOURS["gemm_inefficiency"]))
     mfu = r["ledger"]["model_compute"] * 100 if r["mfu"] is not None else None
     # The MFU bar is model_compute itself: losses under 0.05 points are not drawn above it.
     rows.append(("= MFU", 0.0, mfu, COLOURS["model_compute"]) if mfu is not None else

@@ -60,6 +60,10 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "mfu": run.mfu,
         "mfu_bf16": run.peak.mfu_bf16(run.mfu),
         "hfu": run.hfu,
+        # additive (issue 36): the share of GEMM/attention time whose FLOPs are known, and the MFU's
+        # bounds where that is under 0.9 and `mfu` is null (docs/mfu.md)
+        "flops_coverage": run.flops_coverage,
+        "mfu_range": None if run.mfu_range is None else list(run.mfu_range),
         "ledger": _mean([lg.fractions() for lg in lgs]),
         "ledger_by_rank": {str(r): m for r, m in sorted(rank_mean.items())},
         "ledger_by_step": {str(s): _mean(v) for s, v in sorted(by_step.items())},
@@ -134,7 +138,7 @@ def _header(r: dict[str, Any]) -> list[str]:
         if spread and spread["min"] < spread["max"] else "median"
     lines = [
         f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {d['name'] or gpu} · {peak}",
-        f"step time {duration(st)} ({over})   MFU {percent(r['mfu'])}   HFU {percent(r['hfu'])}{_bf16(r)}"
+        f"step time {duration(st)} ({over})   MFU {mfu_words(r)}   HFU {percent(r['hfu'])}{_bf16(r)}"
         if st is not None else "no steps",
     ]
     excluded = r.get("steps_excluded") or []
@@ -143,15 +147,37 @@ def _header(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def mfu_words(r: Mapping[str, Any]) -> str:
+    """The MFU, or where only part of GEMM time has FLOPs its range: '12.1–17.3% (FLOPs of 70% of GEMM time)'."""
+    bounds = r.get("mfu_range")   # absent from reports of earlier versions (gate baselines)
+    if r["mfu"] is not None or not bounds:
+        return percent(r["mfu"])
+    return (f"{bounds[0] * 100:.1f}–{percent(bounds[1])} (FLOPs of {percent(r['flops_coverage'])} of "
+            "GEMM time)")
+
+
 def _bf16(r: dict[str, Any]) -> str:
     return "" if r.get("mfu_bf16") is None else f"   (MFU {percent(r['mfu_bf16'])} against the bf16 peak)"
 
 
-def _waterfall(r: dict[str, Any]) -> list[tuple[str, float]]:
-    """(label, MFU points) from the peak down to the achieved MFU: losses largest first."""
+# The waterfall's row for GEMM/attention time when model FLOPs are unknown: not a loss (issue 36).
+UNSPLIT = "matmul, FLOPs unknown"
+
+
+def _waterfall(r: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """(label, MFU points) from the peak down to the achieved MFU: losses largest first. With the
+    MFU unknown, gemm_inefficiency holds all GEMM/attention time, model compute included: it is
+    no loss, and `unsplit_points` gives it instead."""
     led = r["ledger"]
-    losses = sorted(((b, led[b] * 100) for b in BUCKETS if b != "model_compute"), key=lambda x: -x[1])
+    shown = [b for b in BUCKETS if b != "model_compute" and not (b == "gemm_inefficiency" and r["mfu"] is None)]
+    losses = sorted(((b, led[b] * 100) for b in shown), key=lambda x: -x[1])
     return [(b, p) for b, p in losses if p >= 0.05]
+
+
+def unsplit_points(r: Mapping[str, Any]) -> float | None:
+    """Points of GEMM/attention time not split into model compute and loss (the MFU unknown)."""
+    points = r["ledger"]["gemm_inefficiency"] * 100
+    return points if r["mfu"] is None and points >= 0.05 else None
 
 
 def _worst(r: dict[str, Any]) -> str:
@@ -162,7 +188,10 @@ def _worst(r: dict[str, Any]) -> str:
 
 
 def _mfu_points(r: dict[str, Any]) -> str:
-    return "unknown" if r["mfu"] is None else f"{r['ledger']['model_compute'] * 100:.1f}"
+    if r["mfu"] is not None:
+        return f"{r['ledger']['model_compute'] * 100:.1f}"
+    bounds = r.get("mfu_range")
+    return f"{bounds[0] * 100:.1f}–{bounds[1] * 100:.1f}" if bounds else "unknown"
 
 
 def _of(f: dict[str, Any]) -> str:
@@ -199,6 +228,9 @@ def render_text(r: dict[str, Any]) -> str:
     lines.append(f"  {'peak':<22}{100.0:>7.1f}")
     for b, p in _waterfall(r):
         lines.append(f"  − {b:<20}{p:>7.1f}  {'█' * max(1, round(p / 100 * _BAR))}")
+    if (unsplit := unsplit_points(r)) is not None:
+        lines.append(f"  ? {UNSPLIT:<20}{unsplit:>{27 - max(20, len(UNSPLIT))}.1f}  "
+                     f"{'░' * max(1, round(unsplit / 100 * _BAR))}")
     lines.append(f"  = {'model_compute (MFU)':<20}{_mfu_points(r):>7}")
     if r["worst_rank"] is not None and len(r["ranks"]) > 1:
         lines.append(_worst(r))
@@ -226,6 +258,8 @@ def render_markdown(r: dict[str, Any]) -> str:
     out = ["# diag report", "", f"**{h[0]}**  ", h[1], "", "## Where the step went", "",
            "| | MFU points |", "|---|---:|", f"| peak | {100.0:.1f} |"]
     out += [f"| − {b} | {p:.1f} |" for b, p in _waterfall(r)]
+    if (unsplit := unsplit_points(r)) is not None:
+        out.append(f"| ? {UNSPLIT} | {unsplit:.1f} |")
     out += [f"| **= MFU** | **{_mfu_points(r).strip()}** |", ""]
     if r["worst_rank"] is not None and len(r["ranks"]) > 1:
         out += [_worst(r).strip().capitalize(), ""]

@@ -13,7 +13,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from diag.outputs.report import path_line, peak_label
+from diag.attribution.analysis import mfu_missing
+from diag.outputs.report import mfu_words, path_line, peak_label
 from diag.runtime.durations import number, percent
 from tui.queries import fmt_seconds
 from tui.snapshot import LiveStatus, Snapshot
@@ -29,7 +30,7 @@ def headline(r: Mapping[str, Any]) -> Text:
     d = r["device"]
     t = Text()
     t.append("MFU ", style="dim")
-    t.append(percent(r["mfu"], "?"), style="bold")
+    t.append(mfu_words(r) if r.get("mfu_range") else percent(r["mfu"], "?"), style="bold")
     t.append("   HFU ", style="dim")
     t.append(percent(r["hfu"], "?"), style="bold")
     t.append("   step ", style="dim")
@@ -44,8 +45,8 @@ def headline(r: Mapping[str, Any]) -> Text:
     else:
         peak = f"{d['dtype']} dense peak {number(d['peak_tflops'])} TFLOP/s" if d["peak_tflops"] else "peak unknown"
     t.append(f"{part} · {peak}", style="")
-    if r["mfu"] is None:
-        t.append(" — pass --gpu or --peak-tflops for MFU", style="yellow")
+    if r["mfu"] is None and r.get("timeline", "gpu") == "gpu":
+        t.append(f" — MFU: {mfu_missing(d['peak_tflops'] is not None)}", style="yellow")
     return t
 
 
@@ -85,7 +86,7 @@ class Overview(View):
             return
         head.update(headline(r))
         self.query_one("#ov-path", Static).update(Text(path_line(r) if r["critical_path"] else "", style="dim"))
-        self.query_one("#ov-waterfall", Waterfall).show(r["ledger"])
+        self.query_one("#ov-waterfall", Waterfall).show(r["ledger"], r["mfu"] is not None)
         t = self.query_one("#ov-findings", DataTable)
         t.clear()
         for i, f in enumerate(r["findings"][:TOP_FINDINGS]):

@@ -21,9 +21,11 @@ LABEL = 20
 VALUE = 7
 
 
-def waterfall_rows(ledger: Mapping[str, float]) -> list[tuple[str, float]]:
-    """(bucket, MFU points), largest loss first, leaving out losses under MIN_POINTS."""
-    losses = sorted(((b, ledger.get(b, 0.0) * 100) for b in BUCKETS if b != "model_compute"), key=lambda x: -x[1])
+def waterfall_rows(ledger: Mapping[str, float], mfu_known: bool = True) -> list[tuple[str, float]]:
+    """(bucket, MFU points), largest loss first, leaving out losses under MIN_POINTS. With the MFU
+    unknown, gemm_inefficiency holds all GEMM/attention time and is no loss (the report's UNSPLIT row)."""
+    shown = [b for b in BUCKETS if b != "model_compute" and (mfu_known or b != "gemm_inefficiency")]
+    losses = sorted(((b, ledger.get(b, 0.0) * 100) for b in shown), key=lambda x: -x[1])
     return [(b, p) for b, p in losses if p >= MIN_POINTS]
 
 
@@ -48,13 +50,20 @@ class Waterfall(Widget):
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
         self.ledger: Mapping[str, float] | None = None
+        self.mfu_known = True
 
-    def show(self, ledger: Mapping[str, float]) -> None:
-        self.ledger = ledger
+    def show(self, ledger: Mapping[str, float], mfu_known: bool = True) -> None:
+        self.ledger, self.mfu_known = ledger, mfu_known
         self.refresh(layout=True)
 
+    def _unsplit(self) -> float | None:
+        points = (self.ledger or {}).get("gemm_inefficiency", 0.0) * 100
+        return points if not self.mfu_known and points >= MIN_POINTS else None
+
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
-        return 0 if self.ledger is None else len(waterfall_rows(self.ledger)) + 3
+        if self.ledger is None:
+            return 0
+        return len(waterfall_rows(self.ledger, self.mfu_known)) + 3 + (self._unsplit() is not None)
 
     def render(self) -> Text:
         if self.ledger is None:
@@ -63,18 +72,23 @@ class Waterfall(Widget):
         out = Text(no_wrap=True, overflow="crop")
         out.append(" " * LABEL + _scale(width) + "pts".rjust(VALUE) + "\n", style="dim")
 
-        def line(label: str, a: float, b: float, style: str, label_style: str = "") -> None:
-            bar = _bar(a, b, width)
+        def line(label: str, a: float, b: float, style: str, label_style: str = "", value: str | None = None) -> None:
+            bar = _bar(a, b, width) if value is None else ""
             out.append(f"{label:<{LABEL}}", style=label_style)
             out.append(bar, style=style)
-            out.append(" " * (width - len(bar)) + f"{b - a:>{VALUE}.1f}\n", style=label_style)
+            out.append(" " * (width - len(bar)) + (f"{b - a:>{VALUE}.1f}" if value is None else f"{value:>{VALUE}}")
+                       + "\n", style=label_style)
 
         line("peak", 0, 100, "dim", "bold")
         level = 100.0
-        for bucket, pts in waterfall_rows(self.ledger):
+        for bucket, pts in waterfall_rows(self.ledger, self.mfu_known):
             line(f"− {bucket}", level - pts, level, _GROUP_COLORS.get(bucket, ""))
             level -= pts
-        line("= MFU", 0, self.ledger.get("model_compute", 0.0) * 100, _MFU_COLOR, "bold")
+        if (unsplit := self._unsplit()) is not None:
+            line("? matmul (FLOPs ?)", level - unsplit, level, _GROUP_COLORS["gemm_inefficiency"])
+        # An unknown MFU is "?", never a bar of 0.0 under a header that says "MFU ?".
+        line("= MFU", 0, self.ledger.get("model_compute", 0.0) * 100, _MFU_COLOR, "bold",
+             None if self.mfu_known else "?")
         out.rstrip()
         return out
 

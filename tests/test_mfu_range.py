@@ -1,0 +1,103 @@
+"""MFU as a range where only part of the GEMM time has FLOPs from op shapes (issue 36).
+
+A hand-written one-step inference capture on an H100 SXM: two bf16 GEMMs, one under an aten::mm
+with shapes, one under an aten::mm that recorded none. Every figure is derived here from the events.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diag.api import analyze_path
+from diag.engine.run import AnalyzeOptions
+from diag.outputs.report import render_text
+
+H100 = {"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132, "totalGlobalMem": 85045379072,
+        "computeMajor": 9, "computeMinor": 0}
+PEAK = 989e12                      # H100 SXM dense bf16, FLOP/s
+GEMM = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN"
+M = N = K = 4096
+STEP_US = 1000.0                   # the ProfilerStep span; every kernel ends inside it
+
+
+def _trace(shaped_us: float, unshaped_us: float) -> dict[str, Any]:
+    """ProfilerStep#1 over [0, 1000] µs; op 1 (shapes) launches a GEMM of `shaped_us`, op 2 (no
+    shapes) one of `unshaped_us`."""
+    host = {"pid": 10, "tid": 10}
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", **host, "ts": 0.0, "dur": STEP_US,
+         "args": {"External id": 100}},
+    ]
+    t = 10.0
+    for ext, us, dims in ((1, shaped_us, [[M, K], [K, N]]), (2, unshaped_us, [])):
+        args = {"External id": ext, "Input Dims": dims, "Input type": ["c10::BFloat16", "c10::BFloat16"] if dims else []}
+        events += [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", **host, "ts": t, "dur": 20.0, "args": args},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", **host, "ts": t + 5, "dur": 5.0,
+             "args": {"External id": ext, "cbid": 211, "correlation": ext}},
+            {"ph": "X", "cat": "kernel", "name": GEMM, "pid": 0, "tid": 7, "ts": t + 30, "dur": us,
+             "args": {"External id": ext, "device": 0, "stream": 7, "correlation": ext}},
+        ]
+        t += 40 + us
+    return {"schemaVersion": 1, "deviceProperties": [H100], "traceEvents": events}
+
+
+def _analyze(tmp_path: Path, shaped_us: float, unshaped_us: float) -> dict[str, Any]:
+    d = tmp_path / f"run_{shaped_us:g}_{unshaped_us:g}"
+    d.mkdir()
+    (d / "trace.json").write_text(json.dumps(_trace(shaped_us, unshaped_us)))
+    _, report = analyze_path(str(d), None, AnalyzeOptions(), warn=False)
+    return report
+
+
+def test_partial_coverage_gives_a_range_with_its_reason(tmp_path: Path) -> None:
+    r = _analyze(tmp_path, shaped_us=300.0, unshaped_us=100.0)
+    assert r["workload"] == "inference" and r["step_time_s"] == pytest.approx(STEP_US * 1e-6)
+    assert r["flops_coverage"] == pytest.approx(300 / 400)
+    assert r["mfu"] is None
+    flops = 2.0 * M * N * K                      # the shaped GEMM: 1.37e11 FLOPs
+    lower = flops / (STEP_US * 1e-6 * PEAK)      # 13.9%
+    rate = flops / 300.0                         # FLOPs per µs the shaped kernel achieved
+    upper = (flops + 100.0 * rate) / (STEP_US * 1e-6 * PEAK)
+    assert r["mfu_range"] == pytest.approx([lower, upper])
+    assert any("75% of GEMM/attention kernel time has FLOPs from op shapes; the rest: under aten::mm 25%" in n
+               for n in r["notes"])
+    assert f"MFU {lower * 100:.1f}–{upper * 100:.1f}% (FLOPs of 75.0% of GEMM time)" in render_text(r)
+
+
+def test_at_ninety_percent_coverage_the_point_and_no_range(tmp_path: Path) -> None:
+    r = _analyze(tmp_path, shaped_us=900.0 * 0.5, unshaped_us=50.0)
+    assert r["flops_coverage"] == pytest.approx(0.9)
+    assert r["mfu_range"] is None
+    assert r["mfu"] == pytest.approx(2.0 * M * N * K / (STEP_US * 1e-6 * PEAK))
+
+
+def test_nothing_shaped_no_range_but_the_reason(tmp_path: Path) -> None:
+    r = _analyze(tmp_path, shaped_us=0.0, unshaped_us=100.0)
+    assert r["mfu"] is None and r["mfu_range"] is None and r["flops_coverage"] == 0.0
+
+
+def test_unknown_mfu_keeps_matmul_time_out_of_the_losses(tmp_path: Path) -> None:
+    """With the part known and no FLOPs, GEMM time is no loss: its own waterfall row, no advice on
+    its efficiency, no "= MFU 0.0", and the hint names --model, not --gpu."""
+    from diag.outputs.html_report import waterfall_svg
+    from tui.views.overview import headline
+    from tui.widgets.waterfall import waterfall_rows
+
+    r = _analyze(tmp_path, shaped_us=0.0, unshaped_us=100.0)
+    gemm_points = r["ledger"]["gemm_inefficiency"] * 100
+    assert gemm_points == pytest.approx(100.0 / STEP_US * 100)   # the unshaped GEMM's 100 µs of 1000
+    text = render_text(r)
+    assert f"? matmul, FLOPs unknown  {gemm_points:.1f}" in text and "− gemm_inefficiency" not in text
+    assert "= model_compute (MFU) unknown" in text
+    (slow,) = [f for f in r["findings"] if f["code"] == "MFU009"]
+    assert slow["recoverable_fraction"] == 0.0 and slow["advice"].startswith("pass --model with tokens_per_step")
+    svg = waterfall_svg(r)
+    assert "? matmul, FLOPs unknown" in svg and ">= MFU<" not in svg and "− gemm_inefficiency" not in svg
+    assert "gemm_inefficiency" not in dict(waterfall_rows(r["ledger"], mfu_known=False))
+    head = headline(r).plain
+    assert "MFU ?" in head and "--model" in head and "--gpu" not in head
