@@ -24,15 +24,19 @@ M = N = K = 4096
 STEP_US = 1000.0                   # the ProfilerStep span; every kernel ends inside it
 
 
-def _trace(shaped_us: float, unshaped_us: float) -> dict[str, Any]:
+def _trace(shaped_us: float, unshaped_us: float, carried_us: float = 0.0) -> dict[str, Any]:
     """ProfilerStep#1 over [0, 1000] µs; op 1 (shapes) launches a GEMM of `shaped_us`, op 2 (no
-    shapes) one of `unshaped_us`."""
+    shapes) one of `unshaped_us`; with `carried_us`, a GEMM with no launch record runs first, from
+    5 µs (an earlier iteration's, still queued when the capture began)."""
     host = {"pid": 10, "tid": 10}
     events: list[dict[str, Any]] = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", **host, "ts": 0.0, "dur": STEP_US,
          "args": {"External id": 100}},
     ]
-    t = 10.0
+    if carried_us:
+        events.append({"ph": "X", "cat": "kernel", "name": GEMM, "pid": 0, "tid": 7, "ts": 5.0, "dur": carried_us,
+                       "args": {"External id": 0, "device": 0, "stream": 7, "correlation": 99}})
+    t = 10.0 + carried_us
     for ext, us, dims in ((1, shaped_us, [[M, K], [K, N]]), (2, unshaped_us, [])):
         args = {"External id": ext, "Input Dims": dims, "Input type": ["c10::BFloat16", "c10::BFloat16"] if dims else []}
         events += [
@@ -46,10 +50,10 @@ def _trace(shaped_us: float, unshaped_us: float) -> dict[str, Any]:
     return {"schemaVersion": 1, "deviceProperties": [H100], "traceEvents": events}
 
 
-def _analyze(tmp_path: Path, shaped_us: float, unshaped_us: float) -> dict[str, Any]:
-    d = tmp_path / f"run_{shaped_us:g}_{unshaped_us:g}"
+def _analyze(tmp_path: Path, shaped_us: float, unshaped_us: float, carried_us: float = 0.0) -> dict[str, Any]:
+    d = tmp_path / f"run_{shaped_us:g}_{unshaped_us:g}_{carried_us:g}"
     d.mkdir()
-    (d / "trace.json").write_text(json.dumps(_trace(shaped_us, unshaped_us)))
+    (d / "trace.json").write_text(json.dumps(_trace(shaped_us, unshaped_us, carried_us)))
     _, report = analyze_path(str(d), None, AnalyzeOptions(), warn=False)
     return report
 
@@ -101,3 +105,15 @@ def test_unknown_mfu_keeps_matmul_time_out_of_the_losses(tmp_path: Path) -> None
     assert "gemm_inefficiency" not in dict(waterfall_rows(r["ledger"], mfu_known=False))
     head = headline(r).plain
     assert "MFU ?" in head and "--model" in head and "--gpu" not in head
+
+
+def test_the_first_step_begins_after_work_it_did_not_launch(tmp_path: Path) -> None:
+    """A GEMM with no launch record runs [5, 305] µs: the step is [305, 1000] µs, the GEMM is in no
+    step and no coverage, and every GEMM the step launched has shapes: MFU is a point."""
+    r = _analyze(tmp_path, shaped_us=300.0, unshaped_us=0.0, carried_us=300.0)
+    window_s = (STEP_US - 305.0) * 1e-6
+    assert r["step_time_s"] == pytest.approx(window_s)
+    assert r["flops_coverage"] == pytest.approx(1.0) and r["mfu_range"] is None
+    assert r["mfu"] == pytest.approx(2.0 * M * N * K / (window_s * PEAK))
+    assert any(n.startswith("1 GPU activities (0.3 ms) with no launch record ran before the first step's own on "
+                            "rank(s) 0") for n in r["notes"])

@@ -70,7 +70,9 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
     better than the kernel (an NCCL send/recv kernel may be an all-to-all)."""
     calls = name_collectives(con, tl)
     states, runs, waitable = rank_states(tl)
-    matmul = np.isin(tl.kclass, list(MATMUL_CLASSES))
+    # GEMM/attention kernels, less an earlier iteration's that ran before the first window with no
+    # launch record (RankTimeline.steps.carried): no step's FLOPs, so no part of their coverage.
+    matmul = np.isin(tl.kclass, list(MATMUL_CLASSES)) & ~_before_first_window(tl)
     dur = tl.end_ns[matmul] - tl.ts_ns[matmul]
     kernel_dur = (tl.end_ns - tl.ts_ns)[tl.kernel]
     graph = numpy_of(tl.acts.column("graph").fill_null(False), bool)[tl.kernel]
@@ -87,6 +89,13 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         unshaped_ns_by_step=_unshaped_by_step(tl, matmul), unshaped_ns_by_why=_unshaped_by_why(tl, matmul),
     )
     return digest, runs
+
+
+def _before_first_window(tl: RankTimeline) -> npt.NDArray[np.bool_]:
+    if not len(tl.steps.start_ns) or not len(tl):
+        return np.zeros(len(tl), bool)
+    unlaunched = np.array([t is None for t in tl.launch_ts_ns], bool)
+    return unlaunched & (tl.end_ns <= tl.steps.start_ns[0])
 
 
 NO_LAUNCH = "no launch record"

@@ -234,6 +234,13 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     for r in ranks:
         if not r.steps.from_profiler_step:
             run.notes.append(f"rank {r.rank}: no ProfilerStep spans; one window for the whole capture")
+    carried = [r for r in ranks if r.steps.carried]
+    if carried:
+        run.notes.append(
+            f"{sum(r.steps.carried for r in carried)} GPU activities ({sum(r.steps.carried_ns for r in carried) * 1e-6:.3g} "
+            f"ms) with no launch record ran before the first step's own on rank(s) "
+            f"{', '.join(str(r) for r in sorted({r.rank for r in carried}))}: an earlier iteration's work, left out; "
+            "the first step begins where it ends")
     if mfu is not None and mfu > 1:
         run.notes.append(f"MFU above 100% ({mfu:.1%}): the peak is below what the part did, or the model "
                          "FLOPs are overstated")
@@ -407,10 +414,8 @@ def _model_flops(
         # underestimate: the point is left unknown (mfu_range bounds it where some are known).
         for k, st in states.items():
             states[k] = _with_model(st, None)
-        if not any(r.matmul_ns for r in ranks):
-            return f"{note}: no GEMM or attention kernel ran, so model FLOPs and MFU are unknown"
-        return (f"{note}: only {_coverage_why(ranks)}, so model FLOPs and MFU are unknown; pass --model with "
-                "tokens_per_step")
+        why = f"only {_coverage_why(ranks)}" if any(r.matmul_ns for r in ranks) else "no GEMM or attention kernel ran"
+        return f"{note}: {why}, so model FLOPs and MFU are unknown; pass --model with tokens_per_step"
     for k, st in states.items():
         # Inference has no backward to tell forward ops from: every matmul FLOP executed in the step
         # is the model's (ops outside any ProfilerStep span are phase `other`, not `forward`).

@@ -64,6 +64,10 @@ class Steps(msgspec.Struct):
     # Where the last CPU op (ProfilerStep spans aside) or GPU activity inside each window ends, at
     # least the window's start: after it the step is idle with nothing on either side.
     busy_end_ns: I64 = msgspec.field(default_factory=lambda: np.zeros(0, np.int64))
+    # GPU activities with no launch record that ran before the first step's own: an earlier
+    # iteration's work carried into the capture. The first window begins where they end (issue 36).
+    carried: int = 0
+    carried_ns: int = 0
 
 
 class HostMarks(msgspec.Struct, frozen=True):
@@ -516,13 +520,26 @@ def _steps(rows: RankRows, ops: pa.Table, ts: I64, end: I64) -> tuple[Steps, I64
         np.maximum.at(last_end, step_of[valid], end[valid])
         np.add.at(counts, step_of[valid], 1)
     win_end = np.maximum.accumulate(last_end)  # windows never run backwards
-    win_start = np.concatenate([[cpu_start[0]], win_end[:-1]])
+    carried = _carried(ts, end, has_launch, step_of)
+    first = max(int(cpu_start[0]), int(end[carried].max())) if carried.any() else int(cpu_start[0])
+    win_start = np.concatenate([[min(first, int(win_end[0]))], win_end[:-1]])
     busy = np.maximum(_last_end_before(ts, end, win_end), win_start)
     op_ts, op_end = _ints(ops.column("ts")), _ints(ops.column("end"))   # Python frames left out: they wrap it all
     not_step = ~numpy_of(pc.starts_with(ops.column("name").fill_null(""), "ProfilerStep#"), bool)
     busy = np.maximum(busy, _last_end_before(op_ts[not_step], op_end[not_step], win_end))
-    steps = Steps(numbers, cpu_start.tolist(), cpu_end.tolist(), win_start, win_end, counts.tolist(), True, busy)
+    steps = Steps(numbers, cpu_start.tolist(), cpu_end.tolist(), win_start, win_end, counts.tolist(), True, busy,
+                  int(carried.sum()), int((end - ts)[carried].sum()))
     return steps, step_of
+
+
+def _carried(ts: I64, end: I64, has_launch: npt.NDArray[np.bool_], step_of: I64) -> npt.NDArray[np.bool_]:
+    """GPU work the first step did not launch and that ran before its own: no launch record, and
+    starting before the first activity the first step launched (an earlier iteration's kernels,
+    still queued when the capture began). The first step begins no earlier than their end."""
+    own = step_of == 0
+    if not own.any():
+        return np.zeros(len(ts), bool)
+    return ~has_launch & (ts < ts[own].min())
 
 
 def _last_end_before(ts: I64, end: I64, t: I64) -> I64:
