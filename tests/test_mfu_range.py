@@ -117,3 +117,36 @@ def test_the_first_step_begins_after_work_it_did_not_launch(tmp_path: Path) -> N
     assert r["mfu"] == pytest.approx(2.0 * M * N * K / (window_s * PEAK))
     assert any(n.startswith("1 GPU activities (0.3 ms) with no launch record ran before the first step's own on "
                             "rank(s) 0") for n in r["notes"])
+
+
+def test_a_kernels_ceiling_is_its_own_dtypes_peak(tmp_path: Path) -> None:
+    """An fp8/bf16 run's peak is the effective one of its mix (between 989 and 1979 on H100 SXM); a
+    bf16 GEMM's reachable rate is 75% (data/gemm_ceiling.csv) of the bf16 peak, 989, never of the
+    effective peak, and an fp8 GEMM's of the fp8 peak, 1979."""
+    host = {"pid": 10, "tid": 10}
+    events: list[dict[str, Any]] = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", **host,
+                                     "ts": 0.0, "dur": STEP_US, "args": {"External id": 100}}]
+    fp8, bf16 = "c10::Float8_e4m3fn", "c10::BFloat16"
+    ops = ((1, "aten::_scaled_mm", [[M, K], [K, N], [], []], [fp8, fp8, "float", "float"],
+            "nvjet_qqtst_128x256_128x6_2x1_2cta_v_bz_TNT"),
+           (2, "aten::mm", [[M, K], [K, N]], [bf16, bf16], GEMM))
+    t = 10.0
+    for ext, name, dims, types, kernel in ops:
+        events += [
+            {"ph": "X", "cat": "cpu_op", "name": name, **host, "ts": t, "dur": 20.0,
+             "args": {"External id": ext, "Input Dims": dims, "Input type": types}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", **host, "ts": t + 5, "dur": 5.0,
+             "args": {"External id": ext, "cbid": 211, "correlation": ext}},
+            {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": t + 30, "dur": 400.0,
+             "args": {"External id": ext, "device": 0, "stream": 7, "correlation": ext}},
+        ]
+        t += 440
+    d = tmp_path / "mix"
+    d.mkdir()
+    (d / "trace.json").write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [H100], "traceEvents": events}))
+    _, r = analyze_path(str(d), None, AnalyzeOptions(), warn=False)
+    assert r["device"]["dtype_mix"] == {"fp8": 0.5, "bf16": 0.5}
+    assert 989 < r["device"]["peak_tflops"] < 1979          # 1 / (0.5/1979 + 0.5/989) = 1319
+    (slow,) = [f for f in r["findings"] if f["code"] == "MFU009"]
+    reach = {row["dtype"]: row["reachable_tflops"] for row in slow["details"]["shapes"]}
+    assert reach == pytest.approx({"bf16": 0.75 * 989, "fp8": 0.75 * 1979})
