@@ -356,6 +356,12 @@ def test_every_dtype_row_names_its_example(row: DtypePattern) -> None:
         ("void marlin::Marlin<256, 1, 8, 8, 4, 8>(int4 const*, int4 const*, int4*, int4 const*, int, int, int, int)",
          "gemm", None, None),
         ("void vllm::paged_attention_v2_reduce_kernel<__nv_bfloat16, 128, 128, 512>", "other", None, None),
+        # MIOpen convolutions (issue 36), as MIOpen logs and rocprof name them.
+        ("miopenSp3AsmConv_v21_1_3_gfx9_fp32_f2x3_stride1", "gemm", "fp32", None),
+        ("naive_conv_ab_nonpacked_fwd_nchw_int8_t_int32_t_int8_t", "gemm", None, None),
+        ("naive_conv_ab_nonpacked_fwd_ncdhw_ushort_double_ushort", "gemm", None, None),
+        ("igemm_fwd_gtcx3_nhwc_fp16_bx0_ex0_bt128x128x32_wt32x32x8_ws1x1_wr2x2_ta1x8x2x1_1x4x1x64_tb1x8x2x1_1x4x1x64_gkgs",
+         "gemm", "fp16", None),
     ],
 )
 def test_issue_13_names(name: str, kernel_class: str, dtype: str | None, collective: str | None) -> None:
