@@ -17,9 +17,10 @@ import duckdb
 import msgspec
 import numpy as np
 import numpy.typing as npt
+import pyarrow.compute as pc
 
 from diag.attribution.workload_mix import Mix, attention_bmms, mix_of
-from diag.knowledge import kernels
+from diag.knowledge import isa, kernels
 from diag.timeline.collectives import Call, calls_of
 from diag.timeline.columns import numpy_of
 from diag.timeline.rank import MATMUL_CLASSES, RankTimeline, Steps
@@ -61,6 +62,7 @@ class RankDigest(msgspec.Struct):
     matmul_flops: float = 0.0
     unshaped_ns_by_step: list[int] = msgspec.field(default_factory=list)
     unshaped_ns_by_why: dict[str, int] = msgspec.field(default_factory=dict)
+    isa: str | None = None              # the AMD gfx target kernel names carry (knowledge/isa.py), if any
 
 
 def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:
@@ -87,6 +89,7 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         mix=mix_of(tl, attention_bmms(tl.op_name, tl.stream, tl.kernel.tolist())),
         matmul_flops=float(tl.flops[matmul].sum()),
         unshaped_ns_by_step=_unshaped_by_step(tl, matmul), unshaped_ns_by_why=_unshaped_by_why(tl, matmul),
+        isa=isa.most_common_isa(pc.unique(tl.acts.column("name")).drop_null().to_pylist()),
     )
     return digest, runs
 

@@ -26,7 +26,7 @@ from diag.attribution.what_if import retimed
 from diag.engine import rank_map
 from diag.engine.map_step import gpu_part, map_ranks
 from diag.ingest.ranks import check_one_run, rank_notes
-from diag.knowledge import hardware, kernels
+from diag.knowledge import hardware, isa, kernels
 from diag.knowledge import model as model_mod
 from diag.runtime import store
 from diag.runtime.durations import number, times
@@ -357,6 +357,12 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
                     f"{src} ({mix.basis})" if mix.basis else src, user,
                     p.hbm_gbps if p else None, p.nvlink_gbps if p else None, dict(mix.shares))
     name = next((r.device_props.get("name") for r in ranks if r.device_props), None)
+    gfx = next((r.isa for r in ranks if r.isa), None) if name is None else None
+    if gfx is not None and (said := isa.describe(gfx, dtype)) is not None:
+        # No deviceProperties (older ROCm captures): the ISA in kernel names gives the family and
+        # its range of peaks, not the part: MFU stays unknown until --gpu pins it.
+        return Peak(None, None, f"AMD {isa.families()[gfx].family}, {gfx}", dtype,
+                    f"no device properties in the trace; {said}: MFU unknown", None, None, None, dict(mix.shares))
     return Peak(None, None, name, dtype,
                 f"unknown part {name!r}: MFU unknown; pass --gpu or --peak-tflops" if name else
                 "no device properties in the trace: MFU unknown; pass --gpu or --peak-tflops", None, None, None,
