@@ -83,3 +83,47 @@ def test_forward_output_from_the_matching_backward_op(tmp_path: Path) -> None:
     assert counted.get("aten::convolution") is None
     # Ops that are not forward convolutions get nothing.
     assert all(out[i] is None for i, r in enumerate(rows) if r["name"] == "aten::convolution_backward")
+
+
+def _op(name: str, ts: float, dur: float, dims: list[Any], seq: int | None = None) -> dict[str, Any]:
+    args: dict[str, Any] = {"External id": int(ts), "Input Dims": dims, "Input type": ["float"] * len(dims)}
+    if seq is not None:
+        args["Sequence number"] = seq
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": "5555", "ts": ts, "dur": dur, "args": args}
+
+
+def test_torch_1x_backward_halves_and_the_forward_they_pair_with(tmp_path: Path) -> None:
+    """A torch 1.9-era ResNet conv as its trace records it: no Concrete Inputs; the forward
+    aten::cudnn_convolution and the autograd node share sequence number 7; the backward runs as
+    aten::cudnn_convolution_backward > _input and _weight, whose weight_size/self_size are lists
+    with no dims. The forward's output comes from grad_output, backward_weight's weight from the
+    forward; every op's FLOPs then follow by hand (stride 2, padding 1: 32 → 16)."""
+    x, w, g = [8, 3, 32, 32], [16, 3, 3, 3], [8, 16, 16, 16]
+    events = [
+        _op("aten::conv2d", 0, 100, [x, w, [], [], [], [], []], seq=7),
+        _op("aten::cudnn_convolution", 10, 80, [x, w, [], [], [], [], [], [], []], seq=7),
+        _op("autograd::engine::evaluate_function: CudnnConvolutionBackward", 1000, 300, [], seq=7),
+        _op("CudnnConvolutionBackward", 1010, 280, [[]], seq=7),
+        _op("aten::cudnn_convolution_backward", 1020, 260, [x, g, w, [], [], [], [], [], [], [], []]),
+        _op("aten::cudnn_convolution_backward_input", 1030, 100, [[], g, w, [], [], [], [], [], [], []]),
+        _op("aten::cudnn_convolution_backward_weight", 1150, 100, [[], g, x, [], [], [], [], [], [], []]),
+    ]
+    path = tmp_path / "rank-0.pt.trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    con = store.connect(None)
+    ingest([str(path)], con, IngestOptions(jobs=1))
+    ops = read_rank(con, rank_files(con)[0]).ops
+    out = dict(zip(ops.column("name").to_pylist(), _conv_outputs(ops).to_pylist(), strict=True))
+    assert out["aten::cudnn_convolution"] == "[8, 16, 16, 16]"      # grad_output of the backward
+    assert out["aten::cudnn_convolution_backward_weight"] == "[16, 3, 3, 3]"   # the forward's weight
+    assert out["aten::cudnn_convolution_backward_input"] is None
+    # 2 · N · Cout · Hout · Wout · Cin · kh · kw = 2 · 8 · 16 · 16 · 16 · 3 · 3 · 3, once per op.
+    each = 2 * 8 * 16 * 16 * 16 * 3 * 3 * 3
+    rows = {r["name"]: r for r in ops.to_pylist()}
+    for name in ("aten::cudnn_convolution", "aten::cudnn_convolution_backward_input",
+                 "aten::cudnn_convolution_backward_weight"):
+        op = op_flops(name, json.loads(rows[name]["dims"]), json.loads(rows[name]["types"]), None,
+                      json.loads(out[name] or "null"))
+        assert op is not None and op.flops == each == 1_769_472, name
+    # Without its forward's weight, backward_weight cannot be counted.
+    assert op_flops("aten::cudnn_convolution_backward_weight", [[], g, x], ["float"] * 3) is None

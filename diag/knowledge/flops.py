@@ -372,6 +372,25 @@ def _conv_backward(args: _Args) -> OpFlops | None:
     return OpFlops(2.0 * forward_macs * n_grads, "conv", None, args.dtype(0), moved)
 
 
+def _conv_grad(args: _Args, weight: int | None) -> OpFlops | None:
+    """torch 1.x's cudnn_convolution_backward_input(self_size, grad_output, weight, padding, stride,
+    dilation, groups, ...) and cudnn_convolution_backward_weight(weight_size, grad_output, self,
+    ...): one gradient each, the forward's FLOPs, 2·N·Cout·(Cin/groups)·prod(kernel)·prod(output
+    spatial), N and the output from grad_output. No stride is needed. The weight's shape is argument
+    `weight`, or for backward_weight (its weight_size is a list: the trace records no dims for it)
+    the `output` the caller found: the forward op's weight (timeline/rank.py pairs them)."""
+    grad_out = args.tensor(1)
+    w = args.tensor(weight) if weight is not None else (
+        tuple(args.output) if isinstance(args.output, list) and all(type(d) is int and d > 0 for d in args.output)
+        else None)
+    if grad_out is None or w is None or len(grad_out) != len(w) or len(w) < 3 or grad_out[1] != w[0]:
+        return None
+    x = args.tensor(2) if weight is None else None
+    if x is not None and (len(x) != len(w) or x[0] != grad_out[0] or x[1] % w[1]):
+        return None   # the input does not fit the weight found for it
+    return OpFlops(2.0 * _conv_macs(grad_out, w, grad_out[2:]), "conv", None, args.dtype(1), None)
+
+
 # --- the table -------------------------------------------------------------------------------
 
 _HANDLERS: dict[str, Callable[[_Args], OpFlops | None]] = {
@@ -413,6 +432,8 @@ _HANDLERS: dict[str, Callable[[_Args], OpFlops | None]] = {
     "_efficient_attention_forward": partial(_attention, backward=False, heads_second=False, cu_seqlens=4),
     "_efficient_attention_backward": partial(_attention, backward=True, heads_second=False, cu_seqlens=6),
     "convolution_backward": _conv_backward,
+    "cudnn_convolution_backward_input": partial(_conv_grad, weight=2),
+    "cudnn_convolution_backward_weight": partial(_conv_grad, weight=None),
 }
 
 _CONV_LAYOUTS = {
@@ -448,6 +469,9 @@ CONV_FORWARD_OPS: frozenset[str] = frozenset(
     f"aten::{name}" for name, layout in _CONV_LAYOUTS.items() if layout.transposed is not True
 )
 
+# torch 1.x's weight gradient, whose weight shape comes from its forward op (timeline/rank.py).
+CONV_WEIGHT_GRAD = "aten::cudnn_convolution_backward_weight"
+
 # Every op op_flops knows (their in-place variants, aten::addmm_ ..., count too).
 SUPPORTED_OPS: frozenset[str] = frozenset(f"aten::{name}" for name in _HANDLERS)
 
@@ -463,7 +487,8 @@ def op_flops(
     its arguments are missing or malformed. `concrete_inputs` (args["Concrete Inputs"]) is needed
     only for a forward convolution's stride, padding and dilation; without them (traces before
     torch 2.1 record none), `output_dims`, the output shape the matching backward op's
-    grad_output gives, stands in for them."""
+    grad_output gives, stands in for them. For CONV_WEIGHT_GRAD, `output_dims` is the weight's
+    shape, from its forward op."""
     if not isinstance(name, str) or not isinstance(input_dims, list):
         return None
     bare = name.removeprefix("aten::")

@@ -49,8 +49,10 @@ def _kernel_shapes(
     other = (op_idx >= 0) & (kclass == _OTHER)
     used = distinct(op_idx[matmul | other])
     if len(used):
-        # Only a forward convolution among the launching ops has an output shape to look up.
-        conv = pc.any(pc.is_in(ops.column("name").take(used), _conv_forward())).as_py()
+        # Only a forward convolution (or torch 1.x's weight gradient) among the launching ops has a
+        # partner's shape to look up.
+        conv = pc.any(pc.is_in(ops.column("name").take(used), _conv_forward())).as_py() or \
+            pc.any(pc.equal(ops.column("name").take(used), flops_mod.CONV_WEIGHT_GRAD)).as_py()
         ops = ops.append_column("conv_out", _conv_outputs(ops) if conv else pa.nulls(ops.num_rows, pa.string()))
         sig, one = _signatures(ops, used) if len(used) > _FEW_OPS else (np.arange(len(used)), np.arange(len(used)))
         rep = {c: ops.column(c).take(used[one]).to_pylist() for c in ("name", "dims", "types", "concrete", "conv_out")}
@@ -118,25 +120,45 @@ def _shape_flops(name: str | None, dims: str | None, types: str | None, concrete
 _SEQ_LOOKBACK = 16
 
 
+# The backward ops of a convolution and where their grad_output is: torch 2's
+# convolution_backward(grad_output, input, weight, ...); torch 1.x's cudnn_convolution_backward(self,
+# grad_output, weight, ...) and its _input/_weight halves (grad_output second in each).
+_GRAD_OUTPUT_AT = {
+    "aten::convolution_backward": 0, "aten::cudnn_convolution_backward": 1,
+    "aten::cudnn_convolution_backward_input": 1, flops_mod.CONV_WEIGHT_GRAD: 1,
+}
+
+
 def _conv_outputs(ops: pa.Table) -> pa.Array:
-    """Per op, for a forward convolution with shapes but no `Concrete Inputs` (torch before 2.1):
-    its output shape as JSON text, from the grad_output of the aten::convolution_backward whose
-    autograd node has the same sequence number as the forward op around it; else null."""
+    """Per op, the shape its FLOPs need from its partner op, as JSON text, else null. A forward
+    convolution with shapes but no `Concrete Inputs` (torch before 2.1): its output shape, from
+    the grad_output of a backward op (_GRAD_OUTPUT_AT) whose autograd node has the same sequence
+    number as the forward op around it. torch 1.x's cudnn_convolution_backward_weight: its weight's
+    shape, from the forward convolution of the same sequence number."""
     name, concrete, dims = ops.column("name"), ops.column("concrete"), ops.column("dims")
-    fwd = numpy_of(pc.is_in(name, _conv_forward()).fill_null(False), bool)
-    fwd &= ~_valid(concrete) & _valid(dims)
-    bwd = numpy_of(pc.equal(name, "aten::convolution_backward").fill_null(False), bool) & _valid(dims)
+    conv = numpy_of(pc.is_in(name, _conv_forward()).fill_null(False), bool) & _valid(dims)
+    fwd = conv & ~_valid(concrete)
+    bwd = numpy_of(pc.is_in(name, pa.array(sorted(_GRAD_OUTPUT_AT))).fill_null(False), bool) & _valid(dims)
+    wgrad = numpy_of(pc.equal(name, flops_mod.CONV_WEIGHT_GRAD).fill_null(False), bool) & _valid(dims)
     out: list[str | None] = [None] * ops.num_rows
-    if not fwd.any() or not bwd.any():
+    if not (fwd.any() and bwd.any()) and not (wgrad.any() and conv.any()):
         return pa.array(out, pa.string())
-    seq_of = _enclosing_seq(ops, np.nonzero(fwd | bwd)[0])
+    seq_of = _enclosing_seq(ops, np.nonzero(conv | bwd)[0])
     grad_out: dict[int, str] = {}
+    weight: dict[int, str] = {}
     for i in np.nonzero(bwd)[0].tolist():
         parsed = json.loads(dims[i].as_py())
-        if i in seq_of and isinstance(parsed, list) and parsed:
-            grad_out.setdefault(seq_of[i], json.dumps(parsed[0]))
+        at = _GRAD_OUTPUT_AT[name[i].as_py()]
+        if i in seq_of and isinstance(parsed, list) and len(parsed) > at and parsed[at]:
+            grad_out.setdefault(seq_of[i], json.dumps(parsed[at]))
+    for i in np.nonzero(conv)[0].tolist():
+        parsed = json.loads(dims[i].as_py())
+        if i in seq_of and isinstance(parsed, list) and len(parsed) > 1 and parsed[1]:
+            weight.setdefault(seq_of[i], json.dumps(parsed[1]))
     for i in np.nonzero(fwd)[0].tolist():
         out[i] = grad_out.get(seq_of.get(i, -1))
+    for i in np.nonzero(wgrad)[0].tolist():
+        out[i] = weight.get(seq_of.get(i, -1))
     return pa.array(out, pa.string())
 
 
