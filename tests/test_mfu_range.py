@@ -150,3 +150,18 @@ def test_a_kernels_ceiling_is_its_own_dtypes_peak(tmp_path: Path) -> None:
     (slow,) = [f for f in r["findings"] if f["code"] == "MFU009"]
     reach = {row["dtype"]: row["reachable_tflops"] for row in slow["details"]["shapes"]}
     assert reach == pytest.approx({"bf16": 0.75 * 989, "fp8": 0.75 * 1979})
+
+
+def test_unlaunched_work_after_an_idle_gap_is_not_carried_over(tmp_path: Path) -> None:
+    """The same GEMM with no launch record, but starting 200 µs into the step after an idle GPU (over
+    the 100 µs a queue's kernels leave between them): not an earlier iteration's queue; the step keeps
+    its whole window, and no note."""
+    trace = _trace(shaped_us=300.0, unshaped_us=0.0, carried_us=300.0)
+    orphan = next(e for e in trace["traceEvents"] if e.get("cat") == "kernel" and e["args"]["correlation"] == 99)
+    orphan["ts"], orphan["dur"] = 200.0, 100.0
+    d = tmp_path / "gap"
+    d.mkdir()
+    (d / "trace.json").write_text(json.dumps(trace))
+    _, r = analyze_path(str(d), None, AnalyzeOptions(), warn=False)
+    assert r["step_time_s"] == pytest.approx(STEP_US * 1e-6)
+    assert not any("no launch record ran before" in n for n in r["notes"])

@@ -520,7 +520,7 @@ def _steps(rows: RankRows, ops: pa.Table, ts: I64, end: I64) -> tuple[Steps, I64
         np.maximum.at(last_end, step_of[valid], end[valid])
         np.add.at(counts, step_of[valid], 1)
     win_end = np.maximum.accumulate(last_end)  # windows never run backwards
-    carried = _carried(ts, end, has_launch, step_of)
+    carried = _carried(ts, end, has_launch, step_of, int(cpu_start[0]))
     first = max(int(cpu_start[0]), int(end[carried].max())) if carried.any() else int(cpu_start[0])
     win_start = np.concatenate([[min(first, int(win_end[0]))], win_end[:-1]])
     busy = np.maximum(_last_end_before(ts, end, win_end), win_start)
@@ -532,14 +532,29 @@ def _steps(rows: RankRows, ops: pa.Table, ts: I64, end: I64) -> tuple[Steps, I64
     return steps, step_of
 
 
-def _carried(ts: I64, end: I64, has_launch: npt.NDArray[np.bool_], step_of: I64) -> npt.NDArray[np.bool_]:
-    """GPU work the first step did not launch and that ran before its own: no launch record, and
-    starting before the first activity the first step launched (an earlier iteration's kernels,
-    still queued when the capture began). The first step begins no earlier than their end."""
+# Work queued before the capture runs back to back: a gap longer than this between it and the
+# next unlaunched activity (or the step's start) ends it. Kernels of one queue start within a few
+# µs of each other; 100 µs leaves room for copies and small launches between them.
+_QUEUED_GAP_NS = 100_000
+
+
+def _carried(ts: I64, end: I64, has_launch: npt.NDArray[np.bool_], step_of: I64, start_ns: int) -> npt.NDArray[np.bool_]:
+    """GPU work the first step did not launch, still queued when it began (an earlier iteration's):
+    the activities with no launch record that run back to back from the step's start (`start_ns`),
+    before the first activity the step launched. The first step begins no earlier than their end.
+    Unlaunched work after an idle gap is not carried over (another thread's, say) and stays."""
+    out = np.zeros(len(ts), bool)
     own = step_of == 0
     if not own.any():
-        return np.zeros(len(ts), bool)
-    return ~has_launch & (ts < ts[own].min())
+        return out
+    cand = np.nonzero(~has_launch & (ts < ts[own].min()))[0]
+    reach = start_ns
+    for i in cand[np.argsort(ts[cand], kind="stable")].tolist():
+        if ts[i] > reach + _QUEUED_GAP_NS:
+            break
+        out[i] = True
+        reach = max(reach, int(end[i]))
+    return out
 
 
 def _last_end_before(ts: I64, end: I64, t: I64) -> I64:
