@@ -29,7 +29,7 @@ from diag.ingest.ranks import check_one_run, rank_notes
 from diag.knowledge import hardware, isa, kernels
 from diag.knowledge import model as model_mod
 from diag.runtime import store
-from diag.runtime.durations import number, times
+from diag.runtime.durations import number, percent, times
 from diag.runtime.errors import BadInput
 from diag.runtime.executor import Executor, LocalExecutor
 from diag.runtime.lifetime import run_dir
@@ -212,7 +212,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     run.notes.append(flops_source)
     if bounds is not None:
         run.notes.append(
-            f"MFU between {bounds[0]:.1%} and {bounds[1]:.1%} (mfu_range): the lower bound counts the FLOPs op "
+            f"MFU between {percent(bounds[0])} and {percent(bounds[1])} (mfu_range): the lower bound counts the FLOPs op "
             "shapes give, the upper adds the rest of GEMM/attention kernel time at the rate the shaped kernels "
             "achieved")
     run.notes.append(f"peak: {peak.source}")

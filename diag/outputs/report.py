@@ -152,8 +152,8 @@ def mfu_words(r: Mapping[str, Any]) -> str:
     bounds = r.get("mfu_range")   # absent from reports of earlier versions (gate baselines)
     if r["mfu"] is not None or not bounds:
         return percent(r["mfu"])
-    return (f"{bounds[0] * 100:.1f}–{percent(bounds[1])} (FLOPs of {percent(r['flops_coverage'])} of "
-            "GEMM time)")
+    return (f"{percent(bounds[0]).removesuffix('%')}–{percent(bounds[1])} (FLOPs of {percent(r['flops_coverage'])} "
+            "of GEMM time)")
 
 
 def _bf16(r: dict[str, Any]) -> str:
