@@ -127,3 +127,29 @@ def test_torch_1x_backward_halves_and_the_forward_they_pair_with(tmp_path: Path)
         assert op is not None and op.flops == each == 1_769_472, name
     # Without its forward's weight, backward_weight cannot be counted.
     assert op_flops("aten::cudnn_convolution_backward_weight", [[], g, x], ["float"] * 3) is None
+
+
+def test_an_inference_conv_takes_its_output_from_the_op_that_consumes_it(tmp_path: Path) -> None:
+    """No backward, no Concrete Inputs (a torch 1.x inference capture): the output is the input of
+    the next op that takes a tensor of the conv's batch and channels (here the batch norm)."""
+    x, w = [8, 3, 32, 32], [16, 3, 3, 3]
+    events = [
+        _op("aten::conv2d", 0, 100, [x, w, [], [], [], [], []]),
+        _op("aten::cudnn_convolution", 10, 80, [x, w, [], [], [], [], [], [], []]),
+        _op("aten::relu", 120, 10, [[8, 3, 32, 32]]),                    # not its batch and channels
+        _op("aten::batch_norm", 140, 20, [[8, 16, 16, 16], [16], [16], [16], [16], [], [], [], []]),
+        _op("aten::conv2d", 200, 100, [[8, 16, 16, 16], [32, 16, 3, 3], [], [], [], [], []]),
+        _op("aten::add", 320, 10, [[8, 32, 40, 40], [8, 32, 40, 40], []]),   # larger than any padding allows
+    ]
+    path = tmp_path / "rank-0.pt.trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    con = store.connect(None)
+    ingest([str(path)], con, IngestOptions(jobs=1))
+    ops = read_rank(con, rank_files(con)[0]).ops
+    got = [(r["name"], r["ts"], o) for r, o in zip(ops.to_pylist(), _conv_outputs(ops).to_pylist(), strict=True)
+           if r["name"] in CONV_FORWARD_OPS]
+    assert [o for _, _, o in got] == ["[8, 16, 16, 16]", "[8, 16, 16, 16]", None], got
+    rows = [r for r in ops.to_pylist() if r["name"] == "aten::cudnn_convolution"]
+    op = op_flops("aten::cudnn_convolution", json.loads(rows[0]["dims"]), json.loads(rows[0]["types"]), None,
+                  [8, 16, 16, 16])
+    assert op is not None and op.flops == 2 * 8 * 16 * 16 * 16 * 3 * 3 * 3

@@ -141,7 +141,7 @@ def _conv_outputs(ops: pa.Table) -> pa.Array:
     bwd = numpy_of(pc.is_in(name, pa.array(sorted(_GRAD_OUTPUT_AT))).fill_null(False), bool) & _valid(dims)
     wgrad = numpy_of(pc.equal(name, flops_mod.CONV_WEIGHT_GRAD).fill_null(False), bool) & _valid(dims)
     out: list[str | None] = [None] * ops.num_rows
-    if not (fwd.any() and bwd.any()) and not (wgrad.any() and conv.any()):
+    if not fwd.any() and not wgrad.any():
         return pa.array(out, pa.string())
     seq_of = _enclosing_seq(ops, np.nonzero(conv | bwd)[0])
     grad_out: dict[int, str] = {}
@@ -156,10 +156,43 @@ def _conv_outputs(ops: pa.Table) -> pa.Array:
         if i in seq_of and isinstance(parsed, list) and len(parsed) > 1 and parsed[1]:
             weight.setdefault(seq_of[i], json.dumps(parsed[1]))
     for i in np.nonzero(fwd)[0].tolist():
-        out[i] = grad_out.get(seq_of.get(i, -1))
+        out[i] = grad_out.get(seq_of.get(i, -1)) or _consumer_input(ops, i)
     for i in np.nonzero(wgrad)[0].tolist():
         out[i] = weight.get(seq_of.get(i, -1))
     return pa.array(out, pa.string())
+
+
+# How many ops after a forward convolution, on its thread, to look at for the one that takes its
+# output: the bias add, batch norm or activation comes next (ResNet: conv → batch_norm → relu_).
+_CONSUMER_LOOKAHEAD = 16
+
+
+def _consumer_input(ops: pa.Table, i: int) -> str | None:
+    """A forward convolution's output shape with no backward to give it (an inference capture):
+    the first input of the first op on its thread that starts after it ends and takes a tensor of
+    the output's batch and channels, `len(input)` dims, each spatial size at most input + kernel − 1
+    (the most padding can add). JSON text, or None."""
+    tid, ts, end = (ops.column(k) for k in ("tid", "ts", "end"))
+    dims = json.loads(ops.column("dims")[i].as_py())
+    if not isinstance(dims, list) or len(dims) < 2:
+        return None
+    x, w = dims[0], dims[1]
+    if not (isinstance(x, list) and isinstance(w, list) and len(x) == len(w) >= 3):
+        return None
+    me, done = tid[i].as_py(), end[i].as_py()
+    seen = 0
+    for j in range(i + 1, ops.num_rows):
+        if tid[j].as_py() != me or seen >= _CONSUMER_LOOKAHEAD:
+            return None
+        if ts[j].as_py() < done:
+            continue   # inside the convolution (its own ops)
+        seen += 1
+        text = ops.column("dims")[j].as_py()
+        first = json.loads(text)[0] if text else None
+        if isinstance(first, list) and len(first) == len(x) and first[:2] == [x[0], w[0]] and all(
+                type(o) is int and 1 <= o <= xi + k - 1 for o, xi, k in zip(first[2:], x[2:], w[2:], strict=True)):
+            return json.dumps(first)
+    return None
 
 
 def _enclosing_seq(ops: pa.Table, rows: I64) -> dict[int, int]:
