@@ -45,3 +45,18 @@ def test_the_mi250_capture_without_device_properties_names_its_family(tmp_path: 
     assert "pin the part with --gpu mi250x" in dev["peak_source"]
     _, pinned = analyze_path(str(d), None, AnalyzeOptions(gpu="mi250"), warn=False)
     assert pinned["device"]["part"] == "mi250" and pinned["device"]["peak_tflops"] is not None
+
+
+def test_with_no_isa_in_kernel_names_the_hip_runtime_still_says_amd(tmp_path: Path) -> None:
+    doc = load_json(shared_traces() / MI250)
+    del doc["deviceProperties"]
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("name"), str):
+            e["name"] = e["name"].replace("_ISA90a_", "_")
+    d = tmp_path / "run"
+    d.mkdir()
+    with gzip.open(d / "trace.json.gz", "wt") as f:
+        json.dump(doc, f)
+    _, r = analyze_path(str(d), None, AnalyzeOptions(), warn=False)
+    assert r["device"]["name"] == "AMD GPU (HIP runtime)" and r["mfu"] is None
+    assert "the runtime calls are HIP's" in r["device"]["peak_source"] and "--gpu (mi250, " in r["device"]["peak_source"]

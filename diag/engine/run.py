@@ -6,7 +6,7 @@ import dataclasses
 import os
 import statistics
 from collections import defaultdict
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing, contextmanager, nullcontext
 from typing import Any
 
@@ -166,7 +166,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     matched = match(c for r in ranks for c in r.calls)
     offsets = clock_offsets(matched, [r.rank for r in ranks])
     host = any(r.host_timeline for r in ranks)
-    peak = _host_peak(ranks, opts) if host else resolve_peak(ranks, opts)
+    peak = _host_peak(ranks, opts) if host else resolve_peak(ranks, opts, lambda: _hip_runtime(con, ranks))
     world = max([r.world_size or 0 for r in ranks] + [len({r.rank for r in ranks})])
 
     waits = wait_intervals(matched)
@@ -325,7 +325,15 @@ def _host_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
     return Peak(None, None, gpu, _gemm_dtype(ranks) or "fp32", source, opts.peak_tflops, None, None)
 
 
-def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
+def _hip_runtime(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest]) -> bool:
+    """Whether the trace's runtime calls are HIP's (hipLaunchKernel, hipExtModuleLaunchKernel...):
+    an AMD GPU, where nothing else names the part. Asked only then: one query over the run."""
+    ids = store.id_set(r.file_id for r in ranks)
+    return bool(con.execute(f"SELECT count(*) FROM (SELECT 1 FROM runtime_calls WHERE file_id IN ({ids}) "
+                            "AND name LIKE 'hip%' LIMIT 1)").fetchall()[0][0])
+
+
+def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions, hip: Callable[[], bool] = lambda: False) -> Peak:
     part, how = _part(ranks, opts)
     mix = dtype_mix.run_mix(ranks, part, _shape_coverage(ranks) >= MIN_SHAPE_COVERAGE)
     dtype = mix.dominant
@@ -363,6 +371,12 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
         # its range of peaks, not the part: MFU stays unknown until --gpu pins it.
         return Peak(None, None, f"AMD {isa.families()[gfx].family}, {gfx}", dtype,
                     f"no device properties in the trace; {said}: MFU unknown", None, None, None, dict(mix.shares))
+    if name is None and hip():
+        amd = ", ".join(k for k in sorted(hardware.PARTS) if k.startswith("mi"))   # the AMD Instinct rows
+        return Peak(None, None, "AMD GPU (HIP runtime)", dtype,
+                    "no device properties in the trace, and no ISA in its kernel names; the runtime calls are HIP's: "
+                    f"an AMD GPU of unknown family: MFU unknown; pass --gpu ({amd}) or --peak-tflops", None, None, None,
+                    dict(mix.shares))
     return Peak(None, None, name, dtype,
                 f"unknown part {name!r}: MFU unknown; pass --gpu or --peak-tflops" if name else
                 "no device properties in the trace: MFU unknown; pass --gpu or --peak-tflops", None, None, None,
