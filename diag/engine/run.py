@@ -372,7 +372,7 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions, hip: Callable[[]
         return Peak(None, None, f"AMD {isa.families()[gfx].family}, {gfx}", dtype,
                     f"no device properties in the trace; {said}: MFU unknown", None, None, None, dict(mix.shares))
     if name is None and hip():
-        amd = ", ".join(k for k in sorted(hardware.PARTS) if k.startswith("mi"))   # the AMD Instinct rows
+        amd = ", ".join(k for k, p in sorted(hardware.PARTS.items()) if p.vendor == "amd")
         return Peak(None, None, "AMD GPU (HIP runtime)", dtype,
                     "no device properties in the trace, and no ISA in its kernel names; the runtime calls are HIP's: "
                     f"an AMD GPU of unknown family: MFU unknown; pass --gpu ({amd}) or --peak-tflops", None, None, None,
