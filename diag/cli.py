@@ -20,7 +20,7 @@ from diag import __version__
 from diag.runtime.arrow_memory import use_system_allocator
 from diag.runtime.batch import collect_seldom, exit_now
 from diag.runtime.blas_threads import one_blas_thread
-from diag.runtime.errors import BadInput, ExitCode
+from diag.runtime.errors import BadInput, ExitCode, printable
 from diag.runtime.no_pandas import keep_pandas_out
 from diag.runtime.option_types import NEGATIVE_NUMBER, non_negative_int, positive_float, positive_int
 
@@ -369,8 +369,13 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     except Exception as e:  # the contract: an internal error is exit 3 with one line, not a traceback
         if os.environ.get("DIAG_DEBUG", "") not in ("", "0"):
-            raise
-        print(f"diag: internal error: {type(e).__name__}: {e} (set DIAG_DEBUG=1 for the traceback)", file=sys.stderr)
+            # The traceback, but still exit 3: an uncaught exception would exit 1, the gate's "failed".
+            import traceback
+
+            traceback.print_exc()
+            return ExitCode.INTERNAL
+        print(f"diag: internal error: {type(e).__name__}: {printable(str(e))} (set DIAG_DEBUG=1 for the traceback)",
+              file=sys.stderr)
         return ExitCode.INTERNAL
 
 

@@ -17,6 +17,7 @@ from diag.ingest.early import begin_parse
 from diag.ingest.source import is_duckdb_file
 from diag.runtime.durations import data_size
 from diag.runtime.errors import BadInput, ExitCode, printable
+from diag.runtime.sanitize import terminal
 
 if TYPE_CHECKING:
     from diag.engine.run import AnalyzeOptions
@@ -76,12 +77,12 @@ def run_ingest(args: argparse.Namespace) -> int:
             result = ingest_paths(args.paths, con, opts, progress.task("ingest"))
         print_warnings(result.errors, counted_warnings(result))
         for s in result.skipped:
-            print(f"diag: skipped {printable(s.path)}: {s.reason}", file=sys.stderr)
+            print(terminal(f"diag: skipped {s.path}: {s.reason}"), file=sys.stderr)
         # One query for all: one per file took ~3 ms each, a tenth of ingesting 2,000 small files.
         rows = {r[0]: r[1:] for r in con.execute("SELECT file_id, rank, n_events, kind FROM trace_files").fetchall()}
         for path, file_id in result.ingested:
             rank, n_events, kind = rows[file_id]
-            print(f"{printable(path)}\trank={rank}\tevents={n_events}\tkind={kind}")
+            print(f"{terminal(path)}\trank={rank}\tevents={n_events}\tkind={kind}")   # a line that begins with a name
     finally:
         con.close()
     return ExitCode.OK
@@ -134,7 +135,7 @@ def run_export(args: argparse.Namespace) -> int:
     out = Path(args.perfetto)
     n = analyze_and_use(args.path, args.db, analyze_options(args), ingest_options(args),
                         lambda con, a, report: export_perfetto(con, a, report, out, cut), progress=True)
-    print(f"{printable(str(out))}\t{n} events\t{out.stat().st_size / 1e6:.1f} MB")
+    print(f"{terminal(str(out))}\t{n} events\t{out.stat().st_size / 1e6:.1f} MB")
     return ExitCode.OK
 
 

@@ -17,6 +17,7 @@ from textual.widgets import ContentSwitcher, Footer, ProgressBar, Static
 from textual.worker import get_current_worker
 
 from diag.runtime.errors import BadInput, ExitCode
+from diag.runtime.sanitize import terminal
 from tui.snapshot import Snapshot
 from tui.sources import Live, Loader, Store
 from tui.views.base import Jump, View
@@ -130,13 +131,13 @@ class DiagApp(App[int]):
     # --- reacting (UI thread) -------------------------------------------------------------------
 
     def _progress(self, text: str, frac: float | None) -> None:
-        self.query_one("#ld-text", Static).update(text)
+        self.query_one("#ld-text", Static).update(Text(terminal(text)))   # names in it: never markup
         bar = self.query_one("#ld-bar", ProgressBar)
         bar.update(total=None if frac is None else 100, progress=0 if frac is None else frac * 100)
 
     def _failed(self, line: str, code: ExitCode) -> None:
         self.exit_code = code
-        self.query_one("#ld-text", Static).update(Text(line + "\n\npress q to quit", style="bold red"))
+        self.query_one("#ld-text", Static).update(Text(terminal(line) + "\n\npress q to quit", style="bold red"))
         self.query_one("#ld-bar", ProgressBar).display = False
 
     def _apply(self, snap: Snapshot) -> None:
@@ -149,7 +150,7 @@ class DiagApp(App[int]):
                 self._progress(live_detail(snap.live).plain, None)
             self.query_one(Overview).show_live(snap.live)
         else:
-            status.update(Text(Path(snap.source).name, style="dim", justify="right", no_wrap=True,
+            status.update(Text(terminal(Path(snap.source).name), style="dim", justify="right", no_wrap=True,
                                overflow="ellipsis"))
         if snap.report is None:
             return

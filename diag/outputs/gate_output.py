@@ -1,19 +1,21 @@
 """What `diag gate` prints: the human table, JSON, Markdown, JUnit XML and GitHub Actions annotations.
 
 Every renderer says the same things from the same sentences (`describe`), so a failure reads alike
-in a terminal, a JUnit viewer, a PR annotation and the job summary.
+in a terminal, a JUnit viewer, a PR annotation and the job summary. The sentences carry names from
+the reports (paths, kernels and ops in findings' summaries, device and model names): each renderer
+writes them through its sink's escaping (diag/runtime/sanitize.py).
 """
 
 from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from html import escape
 from typing import Any
 
 from diag.outputs.gate import GateResult, MetricCheck, RuleCheck, Run
 from diag.runtime.durations import ranks_traced
 from diag.runtime.errors import BadInput, ExitCode
+from diag.runtime.sanitize import html_text, markdown, terminal, workflow_data, workflow_property, xml
 
 GATE_SCHEMA = "diag.gate/1"
 _WORD = {"pass": "ok", "better": "better", "noise": "noise", "fail": "FAIL", "skip": "skip"}
@@ -139,7 +141,7 @@ def render_text(r: GateResult) -> str:
         out += ["", "within noise:"] + [f"  - {describe(c, k)}" for c in r.noise]
     out += [""] * bool(r.mismatches or r.notes)
     out += [f"mismatch allowed: {m}" for m in r.mismatches] + [f"note: {n}" for n in r.notes]
-    return "\n".join(out) + "\n"
+    return "\n".join(map(terminal, out)) + "\n"   # line by line: our own text has nothing to escape
 
 
 # ----------------------------------------------------------------------------------------- JSON
@@ -185,21 +187,21 @@ def _run_dict(run: Run) -> dict[str, Any]:
 def render_markdown(r: GateResult) -> str:
     k = r.budget.noise_k
     title = "❌ failed" if r.failed else "✅ passed"
-    out = [f"## diag gate {title}", "", headline(r), "",
-           f"- {_run_line('baseline', r.baseline)}", f"- {_run_line('current', r.current)}", "",
+    out = [f"## diag gate {title}", "", markdown(headline(r)), "",
+           f"- {markdown(_run_line('baseline', r.baseline))}", f"- {markdown(_run_line('current', r.current))}", "",
            "| MFU points | baseline | current | Δ | budget | noise | verdict |",
            "|---|---:|---:|---:|---:|---:|---|"]
     out += ["| " + " | ".join(["`" + cells[0] + "`", *cells[1:], _MARK[c.verdict]]) + " |"
             for c in r.metrics for cells in [_metric_cells(c)]]
     out += ["", "| rule | baseline | current | fails at | verdict |", "|---|---|---|---|---|"]
-    out += ["| " + " | ".join([*_rule_cells(c), _MARK[c.verdict]]) + " |" for c in r.rules]
+    out += ["| " + " | ".join([*map(markdown, _rule_cells(c)), _MARK[c.verdict]]) + " |" for c in r.rules]
     out += ["", f"Noise is {k:g} × the baseline's step-to-step standard deviation: a change beyond the budget "
                 "but inside it passes.", ""]
     if r.failures:
-        out += ["### What got worse", ""] + [f"- {describe(c, k)}" for c in worst_first(r)] + [""]
+        out += ["### What got worse", ""] + [f"- {markdown(describe(c, k))}" for c in worst_first(r)] + [""]
     if r.noise:
-        out += ["### Within noise", ""] + [f"- {describe(c, k)}" for c in r.noise] + [""]
-    out += [f"- mismatch allowed: {m}" for m in r.mismatches] + [f"- note: {n}" for n in r.notes]
+        out += ["### Within noise", ""] + [f"- {markdown(describe(c, k))}" for c in r.noise] + [""]
+    out += [f"- mismatch allowed: {markdown(m)}" for m in r.mismatches] + [f"- note: {markdown(n)}" for n in r.notes]
     return "\n".join(out).rstrip("\n") + "\n\n"
 
 
@@ -211,8 +213,8 @@ def render_html(r: GateResult) -> str:
 
     k = r.budget.noise_k
     verdict = '<p class="fail">FAILED</p>' if r.failed else '<p class="pass">PASSED</p>'
-    body = [verdict, f"<p>{escape(headline(r))}</p>",
-            f"<ul><li>{escape(_run_line('baseline', r.baseline))}</li><li>{escape(_run_line('current', r.current))}</li></ul>",
+    body = [verdict, f"<p>{html_text(headline(r))}</p>",
+            f"<ul><li>{html_text(_run_line('baseline', r.baseline))}</li><li>{html_text(_run_line('current', r.current))}</li></ul>",
             "<h2>MFU points</h2>",
             table(["bucket", "baseline", "current", "Δ", "budget", "noise", "verdict"],
                   [[*_metric_cells(c), _WORD[c.verdict]] for c in r.metrics], frozenset({1, 2, 3, 4, 5})),
@@ -222,12 +224,12 @@ def render_html(r: GateResult) -> str:
             f"<p class=\"muted\">Noise is {k:g} × the baseline's step-to-step standard deviation: a change beyond "
             "the budget but inside it passes.</p>"]
     if r.failures:
-        body += ["<h2>What got worse</h2><ul>", *(f"<li>{escape(describe(c, k))}</li>" for c in worst_first(r)), "</ul>"]
+        body += ["<h2>What got worse</h2><ul>", *(f"<li>{html_text(describe(c, k))}</li>" for c in worst_first(r)), "</ul>"]
     if r.noise:
-        body += ["<h2>Within noise</h2><ul>", *(f"<li>{escape(describe(c, k))}</li>" for c in r.noise), "</ul>"]
+        body += ["<h2>Within noise</h2><ul>", *(f"<li>{html_text(describe(c, k))}</li>" for c in r.noise), "</ul>"]
     notes = [f"mismatch allowed: {m}" for m in r.mismatches] + [f"note: {n}" for n in r.notes]
     if notes:
-        body += ["<ul>", *(f"<li>{escape(n)}</li>" for n in notes), "</ul>"]
+        body += ["<ul>", *(f"<li>{html_text(n)}</li>" for n in notes), "</ul>"]
     return page("diag gate", body)
 
 
@@ -236,13 +238,14 @@ def render_html(r: GateResult) -> str:
 def render_junit(r: GateResult) -> str:
     """One test case per check (MFU, each bucket, each rule); a failure carries the numbers."""
     k = r.budget.noise_k
-    suite = _suite(f"diag gate: {r.current.path} against {r.baseline.path}")
+    suite = _suite(xml(f"diag gate: {r.current.path} against {r.baseline.path}"))
     for c in r.checks:
         kind = "rules" if isinstance(c, RuleCheck) else "mfu" if c.name == "mfu" else "ledger"
-        case = ET.SubElement(suite, "testcase", name=label(c), classname=f"diag.gate.{kind}", time="0")
-        text = describe(c, k)
+        case = ET.SubElement(suite, "testcase", name=xml(label(c)), classname=f"diag.gate.{kind}", time="0")
+        text = xml(describe(c, k))
         if c.verdict == "fail":
-            ET.SubElement(case, "failure", message=text, type="regression").text = _numbers(c, k)
+            ET.SubElement(case, "failure", message=text, type="regression").text = \
+                "".join(xml(line) + "\n" for line in _numbers(c, k).splitlines())
         elif c.verdict == "skip":
             ET.SubElement(case, "skipped", message=text)
         else:
@@ -254,7 +257,7 @@ def render_junit_error(e: BadInput) -> str:
     """The input could not be read: one errored test case, so CI shows why instead of 'no tests'."""
     suite = _suite("diag gate")
     case = ET.SubElement(suite, "testcase", name="inputs", classname="diag.gate.inputs", time="0")
-    ET.SubElement(case, "error", message=e.one_line(), type="bad-input").text = e.one_line()
+    ET.SubElement(case, "error", message=xml(e.one_line()), type="bad-input").text = xml(e.one_line())
     return _document(suite)
 
 
@@ -301,13 +304,4 @@ def github_annotations(r: GateResult) -> list[str]:
 
 
 def annotation(kind: str, title: str, message: str) -> str:
-    return f"::{kind} title={_escape_property(title)}::{_escape_data(message)}"
-
-
-def _escape_data(s: str) -> str:
-    # actions/toolkit command.ts escapeData: % first, or the escapes themselves get escaped.
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _escape_property(s: str) -> str:
-    return _escape_data(s).replace(":", "%3A").replace(",", "%2C")
+    return f"::{kind} title={workflow_property(title)}::{workflow_data(message)}"

@@ -9,7 +9,6 @@ scripts online by default (pygal's tooltips), and neither draws the heatmap as w
 from __future__ import annotations
 
 import statistics
-from html import escape
 from typing import Any
 
 import duckdb
@@ -21,6 +20,7 @@ from diag.knowledge import kernels
 from diag.outputs.evidence import resolve
 from diag.outputs.report import UNSPLIT, _header, _of, _waterfall, unsplit_points
 from diag.runtime.durations import number, percent, signed_percent
+from diag.runtime.sanitize import html_text
 
 # One colour per bucket (Okabe–Ito-like, distinguishable in colour-blindness simulations).
 COLOURS = {
@@ -56,7 +56,7 @@ def render_html(report: dict[str, Any], a: Analysis, con: duckdb.DuckDBPyConnect
     h = _header(report)
     windows = [lg.window_s for lg in a.run.ledgers]
     parts = [
-        f'<p class="muted">{escape(h[0])}</p>',
+        f'<p class="muted">{html_text(h[0])}</p>',
         _kpis(report, windows),
         "<h2>Where the step went</h2>",
         '<p class="muted">MFU points from the dense peak down to the achieved MFU (mean over ranks and steps).</p>',
@@ -66,7 +66,7 @@ def render_html(report: dict[str, Any], a: Analysis, con: duckdb.DuckDBPyConnect
         "<h2>Top kernels by time</h2>", _kernels(con),
     ]
     if report["notes"]:
-        parts += ["<h2>Notes</h2><ul>", *(f"<li>{escape(n)}</li>" for n in report["notes"]), "</ul>"]
+        parts += ["<h2>Notes</h2><ul>", *(f"<li>{html_text(n)}</li>" for n in report["notes"]), "</ul>"]
     return page(f"diag report: {title}", parts)
 
 
@@ -74,16 +74,16 @@ def page(title: str, body: list[str]) -> str:
     """A whole page: the title as <title> and <h1>, then `body` (HTML), with the inline stylesheet."""
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>", f"<h1>{escape(title)}</h1>",
+        f"<title>{html_text(title)}</title><style>{CSS}</style></head><body>", f"<h1>{html_text(title)}</h1>",
         *body, "</body></html>",
     ]) + "\n"
 
 
 def table(header: list[str], rows: list[list[str]], numeric: frozenset[int] = frozenset()) -> str:
     """A table of text cells (escaped here); columns in `numeric` right-aligned."""
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    head = "".join(f"<th>{html_text(h)}</th>" for h in header)
     num = ' class="n"'
-    body = "".join("<tr>" + "".join(f"<td{num if i in numeric else ''}>{escape(c)}</td>"
+    body = "".join("<tr>" + "".join(f"<td{num if i in numeric else ''}>{html_text(c)}</td>"
                                     for i, c in enumerate(row)) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
@@ -98,7 +98,7 @@ def _kpis(r: dict[str, Any], windows: list[float]) -> str:
     if windows:
         cells.append(("step time (median)", f"{statistics.median(windows) * 1e3:.2f} ms"))
         cells.append(("spread over rank-steps", f"{min(windows) * 1e3:.2f} – {max(windows) * 1e3:.2f} ms"))
-    return '<div class="kpi">' + "".join(f"<div>{escape(k)}<b>{escape(v)}</b></div>" for k, v in cells) + "</div>"
+    return '<div class="kpi">' + "".join(f"<div>{html_text(k)}<b>{html_text(v)}</b></div>" for k, v in cells) + "</div>"
 
 
 def waterfall_svg(r: dict[str, Any]) -> str:
@@ -123,9 +123,9 @@ def waterfall_svg(r: dict[str, Any]) -> str:
         y = i * row_h + 4
         x0 = label_w + bar_w * lo / 100
         w = max(bar_w * (hi - lo) / 100, 1.0)
-        out.append(f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end" font-size="12">{escape(label)}</text>')
+        out.append(f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end" font-size="12">{html_text(label)}</text>')
         out.append(f'<rect x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="{colour}">'
-                   f"<title>{escape(label)}: {hi - lo:.1f} points</title></rect>")
+                   f"<title>{html_text(label)}: {hi - lo:.1f} points</title></rect>")
         out.append(f'<text x="{x0 + w + 4:.1f}" y="{y + 14}" font-size="12">{hi - lo:.1f}</text>')
     axis_y = row_h * len(rows) + 8
     for t in range(0, 101, 20):
@@ -167,10 +167,10 @@ def _heatmaps(a: Analysis) -> str:
 
     used = sorted({max((b for b in BUCKETS if b != "model_compute"), key=lambda b: lg.buckets[b])
                    for lg in cells.values()}, key=BUCKETS.index)
-    legend = '<p class="legend">' + "".join(f'<span><i style="background:{COLOURS[b]}"></i>{escape(b)}</span>'
+    legend = '<p class="legend">' + "".join(f'<span><i style="background:{COLOURS[b]}"></i>{html_text(b)}</span>'
                                            for b in used) + "</p>"
     return (
-        (f'<p class="muted">Showing {escape(note.rstrip("; "))}.</p>' if note else "")
+        (f'<p class="muted">Showing {html_text(note.rstrip("; "))}.</p>' if note else "")
         + f'<p>Step time against the median, {median * 1e3:.2f} ms: white at or below it, dark red '
           f'{HEAT_FULL_SCALE:.0%} or more above it. This run: {lo * 1e3:.2f} ms to {hi * 1e3:.2f} ms '
           f'({signed_percent(lo / median - 1 if median else 0.0)} to {signed_percent(hi / median - 1 if median else 0.0)}).</p>'
@@ -186,7 +186,7 @@ def heatmap_svg(ranks: list[int], steps: list[int], cells: dict[tuple[int, int],
     ch = max(3, min(18, 600 // max(len(ranks), 1)))
     left, top = 70, 18
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + cw * len(steps) + 10}" '
-           f'height="{top + ch * len(ranks) + 10}" role="img" aria-label="{escape(label)}">',
+           f'height="{top + ch * len(ranks) + 10}" role="img" aria-label="{html_text(label)}">',
            f'<text x="{left}" y="12" font-size="11" fill="#666">steps {steps[0]}–{steps[-1]} →</text>']
     label_every = max(1, 12 // ch)
     for i, r in enumerate(ranks):
@@ -200,7 +200,7 @@ def heatmap_svg(ranks: list[int], steps: list[int], cells: dict[tuple[int, int],
                 continue
             fill, tip = paint(lg)
             out.append(f'<rect x="{left + j * cw}" y="{y}" width="{cw - 1}" height="{ch - 1 if ch > 3 else ch}" '
-                       f'fill="{fill}"><title>{escape(tip)}</title></rect>')
+                       f'fill="{fill}"><title>{html_text(tip)}</title></rect>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -215,13 +215,13 @@ def _findings(r: dict[str, Any], con: duckdb.DuckDBPyConnection) -> str:
         more = f"<li>… and {len(ids) - len(ev)} more</li>" if len(ids) > len(ev) else ""
         ranks = ", ".join(map(str, f["ranks"][:32])) + (" …" if len(f["ranks"]) > 32 else "")
         out.append(
-            f'<div class="finding {escape(f["severity"])}"><b>{escape(f["code"])} {escape(f["slug"])}</b> '
-            f'<span class="muted">[{escape(f["severity"])}] {f["mfu_points"]:.1f} MFU points{escape(_of(f))}'
+            f'<div class="finding {html_text(f["severity"])}"><b>{html_text(f["code"])} {html_text(f["slug"])}</b> '
+            f'<span class="muted">[{html_text(f["severity"])}] {f["mfu_points"]:.1f} MFU points{html_text(_of(f))}'
             + (f" · MFU {percent(f['what_if_mfu'])} {what_if_words(f['code'])}"
                if f["what_if_mfu"] is not None and f["lost_fraction"]
                else "")
-            + f'</span><p>{escape(f["summary"])}</p><p><b>What to do:</b> {escape(f["advice"])}</p>'
-            + (f'<p class="muted">Ranks: {escape(ranks)}</p>' if ranks else "")
+            + f'</span><p>{html_text(f["summary"])}</p><p><b>What to do:</b> {html_text(f["advice"])}</p>'
+            + (f'<p class="muted">Ranks: {html_text(ranks)}</p>' if ranks else "")
             + (f'<p class="muted">Evidence:</p><ul class="evidence">{"".join(_evidence(con, e) for e in ev)}{more}</ul>'
                if ev else "")
             + "</div>"
@@ -236,7 +236,7 @@ def _evidence(con: duckdb.DuckDBPyConnection, evidence_id: str) -> str:
     label = place.label
     if place.name:
         label = label.replace(place.name, kernels.short(place.name, EVIDENCE_NAME_WIDTH))
-    return f'<li title="{escape(evidence_id)}: {escape(place.label)}">{escape(label)}</li>'
+    return f'<li title="{html_text(evidence_id)}: {html_text(place.label)}">{html_text(label)}</li>'
 
 
 def top_kernels(con: duckdb.DuckDBPyConnection, n: int = TOP_KERNELS) -> list[tuple[Any, ...]]:
@@ -258,8 +258,8 @@ def _kernels(con: duckdb.DuckDBPyConnection) -> str:
     out = ["<table><tr><th>kernel</th><th>class</th><th>calls</th><th>total s</th><th>share</th>"
            "<th>TFLOP/s achieved</th></tr>"]
     for name, kclass, calls, secs, share, tflops in rows:
-        out.append(f"<tr><td><code title=\"{escape(name or '')}\">{escape(kernels.short(name or ''))}</code></td>"
-                   f"<td>{escape(kclass or '')}</td>"
+        out.append(f"<tr><td><code title=\"{html_text(name or '')}\">{html_text(kernels.short(name or ''))}</code></td>"
+                   f"<td>{html_text(kclass or '')}</td>"
                    f'<td class="n">{calls}</td><td class="n">{secs:.4f}</td><td class="n">{share * 100:.1f}%</td>'
                    f'<td class="n">{"" if tflops is None else f"{tflops:.1f}"}</td></tr>')
     out.append("</table>")

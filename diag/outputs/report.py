@@ -18,6 +18,7 @@ from diag.attribution.what_if import what_if_words
 from diag.attribution.workload_mix import FEATURES
 from diag.engine.run import Analysis
 from diag.runtime.durations import duration, number, percent, ranks_traced
+from diag.runtime.sanitize import markdown, terminal
 
 SCHEMA = "diag.report/1"
 _BAR = 40
@@ -124,7 +125,8 @@ def peak_label(d: Mapping[str, Any]) -> str:
     return f"dense {d['dtype']} peak {number(d['peak_tflops'])} TFLOP/s"
 
 
-def _header(r: dict[str, Any]) -> list[str]:
+def _header(r: dict[str, Any], name: Any = str) -> list[str]:
+    """The report's first lines; `name` escapes the device's name for the sink (sanitize.py)."""
     d = r["device"]
     peak, gpu = peak_label(d), "unknown GPU"
     if r.get("timeline") == "host":   # a trace with no GPU activity names the GPU it lists, if any
@@ -137,7 +139,7 @@ def _header(r: dict[str, Any]) -> list[str]:
     over = f"median; min {duration(spread['min'])}, max {duration(spread['max'])}" \
         if spread and spread["min"] < spread["max"] else "median"
     lines = [
-        f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {d['name'] or gpu} · {peak}",
+        f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {name(d['name'] or gpu)} · {peak}",
         f"step time {duration(st)} ({over})   MFU {mfu_words(r)}   HFU {percent(r['hfu'])}{_bf16(r)}"
         if st is not None else "no steps",
     ]
@@ -250,11 +252,13 @@ def render_text(r: dict[str, Any]) -> str:
     if r["notes"]:
         lines.append("")
         lines.extend(f"note: {n}" for n in r["notes"])
-    return "\n".join(lines) + "\n"
+    # Names (kernels, ops, groups, files) are in the findings' lines and the notes: each line is
+    # made inert for a terminal and a CI log as a whole (our own text has nothing to escape).
+    return "\n".join(map(terminal, lines)) + "\n"
 
 
 def render_markdown(r: dict[str, Any]) -> str:
-    h = _header(r)
+    h = _header(r, markdown)
     out = ["# diag report", "", f"**{h[0]}**  ", h[1], "", "## Where the step went", "",
            "| | MFU points |", "|---|---:|", f"| peak | {100.0:.1f} |"]
     out += [f"| − {b} | {p:.1f} |" for b, p in _waterfall(r)]
@@ -268,14 +272,14 @@ def render_markdown(r: dict[str, Any]) -> str:
         out.append("No findings above their thresholds.")
     for f in r["findings"]:
         out += [f"### {f['code']} {f['slug']} — {f['severity']}, {f['mfu_points']:.1f} points{_of(f)}", "",
-                f"{f['summary']}", "", f"**What to do:** {f['advice']}", ""]
+                markdown(f["summary"]), "", f"**What to do:** {markdown(f['advice'])}", ""]
         if f["ranks"]:
             out.append(f"Ranks: {', '.join(map(str, f['ranks'][:32]))}{' …' if len(f['ranks']) > 32 else ''}  ")
         if f["what_if_mfu"] is not None and f["lost_fraction"]:
             out.append(f"{what_if_words(f['code']).capitalize()}: MFU {percent(f['what_if_mfu'])}")
         out.append("")
     if r["notes"]:
-        out += ["## Notes", ""] + [f"- {n}" for n in r["notes"]]
+        out += ["## Notes", ""] + [f"- {markdown(n)}" for n in r["notes"]]
     return "\n".join(out) + "\n"
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from diag.runtime.sanitize import printable
+
+__all__ = ["BadInput", "ExitCode", "MissingExtra", "printable", "require"]
+
 
 class ExitCode(IntEnum):
     """The CLI contract (DESIGN.md): other tools and CI read these."""
@@ -30,21 +34,13 @@ class BadInput(Exception):
     def one_line(self) -> str:
         where = f" (at byte {self.offset})" if self.offset is not None else ""
         # Keep it to one line whatever the reason contains.
-        reason = " ".join(self.reason.split())
+        reason = printable(" ".join(self.reason.split()))   # a name in it: no terminal escape either
         return f"{printable(self.path)}: {reason}{where}"
 
     def message(self) -> str:
         """What the CLI prints on stderr: prefixed by `diag: ` unless it names a diag command."""
         line = self.one_line()
         return line if self.path.startswith("diag ") else f"diag: {line}"
-
-
-def printable(path: str) -> str:
-    """A path as one line of UTF-8 text. A file name's bytes that are not UTF-8 (which Python keeps
-    as surrogate escapes, and neither DuckDB nor a terminal accepts) are written \\xNN; control
-    characters (a newline in a name would split a one-line message) as their escapes."""
-    text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class MissingExtra(BadInput):

@@ -12,6 +12,7 @@ from textual.widget import Widget
 from textual.worker import get_current_worker
 
 from diag.outputs.evidence import Place
+from diag.runtime.sanitize import terminal
 from tui.snapshot import Snapshot
 from tui.sources import Store
 
@@ -71,4 +72,11 @@ class View(Widget):
 
 def right(text: str, style: str = "") -> Text:
     return Text(text, style=style, justify="right")
+
+
+def name_text(text: str | None, style: str = "") -> Text:
+    """A name from a trace (kernel, op, group, file) for a cell or a line: a `Text`, never markup (a
+    table reads a `str` cell as markup: `[/]` raised MarkupError, `[link=…]` made a link), with the
+    characters a terminal would act on escaped (diag/runtime/sanitize.py)."""
+    return Text(terminal(text or ""), style=style)
 

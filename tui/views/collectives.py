@@ -9,10 +9,11 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from diag.outputs.evidence import Place, fmt_bytes, pg_label
+from diag.runtime.sanitize import terminal
 from tui import queries
 from tui.queries import CollectiveGroup, CollectiveInstance, fmt_seconds
 from tui.snapshot import LinkRef, Snapshot
-from tui.views.base import Jump, View, query, right
+from tui.views.base import Jump, View, name_text, query, right
 
 
 def size_label(g: CollectiveGroup) -> str:
@@ -75,7 +76,7 @@ class Collectives(View):
             last = "–" if g.last_rank is None else f"r{g.last_rank} {g.last_count}/{g.instances}"
             # One rank alone cannot say who waited for whom.
             wait = fmt_seconds(g.wait_s) if g.ranks > 1 else "–"
-            t.add_row(pg_label(g.pg_name, g.pg_desc), g.collective or "?", right(size_label(g)), right(str(g.calls)),
+            t.add_row(name_text(pg_label(g.pg_name, g.pg_desc)), name_text(g.collective or "?"), right(size_label(g)), right(str(g.calls)),
                       right(fmt_seconds(g.exposed_s), "bold"), right(wait), right(last), bw, share,
                       right(fmt_seconds(g.time_s)), key=str(i))
         head = Text()
@@ -132,7 +133,7 @@ class Collectives(View):
             return
         self._key = g.key
         head = Text()
-        head.append(f"{g.collective} on {pg_label(g.pg_name, g.pg_desc)}, {size_label(g)}", style="bold")
+        head.append(terminal(f"{g.collective} on {pg_label(g.pg_name, g.pg_desc)}, {size_label(g)}"), style="bold")
         head.append(f" · {g.instances} instances, longest wait first · enter or g: timeline at the last rank",
                     style="dim")
         self.query_one("#co-inst-head", Static).update(head)
@@ -145,7 +146,7 @@ class Collectives(View):
         t.clear()
         for i, x in enumerate(rows):
             alone = x.ranks < 2
-            t.add_row(x.instance, right("–" if x.step is None else str(x.step)), right(str(x.ranks)),
+            t.add_row(name_text(x.instance), right("–" if x.step is None else str(x.step)), right(str(x.ranks)),
                       right(fmt_seconds(x.max_dur_s)), right("–" if alone else fmt_seconds(x.max_wait_s), "bold"),
                       right("–" if alone else fmt_seconds(x.wait_s)),
                       right("–" if x.last_rank is None or alone else f"r{x.last_rank}"),

@@ -15,9 +15,10 @@ from diag.attribution.what_if import what_if_words
 from diag.outputs import evidence
 from diag.outputs.evidence import Place
 from diag.runtime.durations import percent
+from diag.runtime.sanitize import terminal
 from tui.queries import fmt_ranks, fmt_seconds
 from tui.snapshot import Snapshot
-from tui.views.base import Jump, View, query, right
+from tui.views.base import Jump, View, name_text, query, right
 from tui.views.overview import SEVERITY_STYLE
 
 MAX_EVIDENCE = 50
@@ -31,9 +32,9 @@ def detail(f: Mapping[str, Any], mfu: float | None) -> Text:
     if f.get("bucket"):
         t.append(f" ({f['bucket']}; a fix can win {f['recoverable_fraction'] * 100:.1f})")
     t.append("\n")
-    t.append(f"{f['summary']}\n")
+    t.append(f"{terminal(f['summary'])}\n")
     t.append("do: ", style="bold green")
-    t.append(f"{f['advice']}\n")
+    t.append(f"{terminal(f['advice'])}\n")
     if f["what_if_mfu"] is not None and f["lost_fraction"]:
         t.append("what if: ", style="bold")
         t.append(f"{what_if_words(f['code'])} MFU would be {percent(f['what_if_mfu'], '?')} (now {percent(mfu, '?')})\n")
@@ -140,4 +141,4 @@ class Findings(View):
         t.clear()
         for i, p in enumerate(places):
             arrow = {"timeline": "→ timeline     ", "collectives": "→ collectives  "}.get(target_of(p) or "", "")
-            t.add_row(Text(arrow, style="dim") + Text(p.label), key=str(i))
+            t.add_row(Text(arrow, style="dim") + name_text(p.label), key=str(i))

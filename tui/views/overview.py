@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Static
 from diag.attribution.analysis import mfu_missing
 from diag.outputs.report import mfu_words, path_line, peak_label
 from diag.runtime.durations import number, percent
+from diag.runtime.sanitize import terminal
 from tui.queries import fmt_seconds
 from tui.snapshot import LiveStatus, Snapshot
 from tui.views.base import Jump, View, right
@@ -44,7 +45,7 @@ def headline(r: Mapping[str, Any]) -> Text:
         peak = peak_label(d)   # effective peak of the dtype mix, and the mix
     else:
         peak = f"{d['dtype']} dense peak {number(d['peak_tflops'])} TFLOP/s" if d["peak_tflops"] else "peak unknown"
-    t.append(f"{part} · {peak}", style="")
+    t.append(f"{terminal(part)} · {peak}", style="")
     if r["mfu"] is None and r.get("timeline", "gpu") == "gpu":
         t.append(f" — MFU: {mfu_missing(d['peak_tflops'] is not None)}", style="yellow")
     return t
@@ -98,7 +99,7 @@ class Overview(View):
         # Paths under the opened directory's parent read from there: the user knows where that is.
         base = str(Path(snap.source).resolve().parent) + os.sep
         for n in r["notes"]:
-            notes.append(f"• {n.replace(base, '')}\n", style="dim")
+            notes.append(f"• {terminal(n.replace(base, ''))}\n", style="dim")
         self.query_one("#ov-notes", Static).update(notes)
 
     @on(DataTable.RowSelected, "#ov-findings")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.text import Text
 
+from diag.runtime.sanitize import terminal
 from tui.queries import fmt_ranks
 from tui.snapshot import LiveStatus
 
@@ -34,7 +35,7 @@ def live_detail(live: LiveStatus) -> Text:
     t = Text()
     rep = live.reported
     state = "following" if live.following else "run ended (no new files lately): post-mortem view"
-    t.append(f"{state} · {live.directory} · {live.files} trace{'' if live.files == 1 else 's'}",
+    t.append(f"{state} · {terminal(live.directory)} · {live.files} trace{'' if live.files == 1 else 's'}",
              style="bold" if live.following else "")
     if live.idle_s is not None:
         t.append(f" · last change {live.idle_s:.0f} s ago", style="dim")
@@ -45,7 +46,7 @@ def live_detail(live: LiveStatus) -> Text:
             t.append(f", missing {fmt_ranks(rep.missing)}", style="yellow")
         t.append("\n")
     for p in live.pending[:4]:
-        t.append(f"{'unreadable' if p.stuck else 'waiting'}: {Path(p.path).name} ({p.reason})\n",
+        t.append(f"{'unreadable' if p.stuck else 'waiting'}: {terminal(Path(p.path).name)} ({p.reason})\n",
                  style="red" if p.stuck else "dim")
     if len(live.pending) > 4:
         t.append(f"… {len(live.pending) - 4} more\n", style="dim")

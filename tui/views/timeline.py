@@ -12,7 +12,7 @@ from tui import queries
 from tui.palette import PATH_COLOR, PHASE_COLORS, PHASE_SHORT, STATE_COLORS
 from tui.queries import Lanes, UnderCursor, fmt_seconds
 from tui.snapshot import Snapshot
-from tui.views.base import View, query, right
+from tui.views.base import View, name_text, query, right
 from tui.widgets.lanes import LanesWidget
 
 PAGE = 32            # ranks loaded at once: lanes beyond a screenful load as the selection reaches them
@@ -164,8 +164,8 @@ class Timeline(View):
         for a in u.activities:
             tf = a.tflops_per_s
             t.add_row(right(fmt_seconds(a.dur_ns * 1e-9)), right("" if tf is None else f"{tf:.1f}"),
-                      right("" if not a.flops else f"{a.flops / 1e9:.3g}"), a.kclass + (f" {a.collective}" if a.collective else ""),
-                      right(f"{(a.ts_ns + offset - origin) / 1e6:.3f}"), a.op_name or "", a.name)
+                      right("" if not a.flops else f"{a.flops / 1e9:.3g}"), name_text(a.kclass + (f" {a.collective}" if a.collective else "")),
+                      right(f"{(a.ts_ns + offset - origin) / 1e6:.3f}"), name_text(a.op_name), name_text(a.name))
         if u.total > len(u.activities):
             t.add_row("", "", "", "", "", "", Text(f"… {u.total - len(u.activities)} more", style="dim"))
         if not u.activities:
