@@ -153,7 +153,7 @@ def test_the_name_is_still_there_to_read(report: Report) -> None:
     name = "\x1b[2J::error::x [/] <b>"
     assert terminal(name) == "\\x1b[2J::error::x [/] <b>"
     assert "worst: \\x1b[2J::error::x [/] <b>" in render_text(named(report, name))
-    assert "worst: \\\\x1b\\[2J::error::x \\[/\\] \\<b\\>" in render_markdown(named(report, name))
+    assert "worst: \\\\x1b\\[2J::error::x \\[/\\] \\<b>" in render_markdown(named(report, name))
     assert "%3A%3Aerror" not in "\n".join(gate_output.github_annotations(gate_result(report, name)))
 
 

@@ -64,8 +64,9 @@ def workflow_property(text: str) -> str:
 
 # What Markdown (GitHub's: CommonMark with tables, strikethrough, math and HTML) reads inside a
 # line: emphasis, code, links and images, tables' cells, math, and raw HTML and entities. An `_`
-# between two letters or digits is never emphasis (CommonMark 6.2), so `non_matmul` stays as it is.
-_MARKDOWN_INLINE = re.compile(r"([\\`*\[\]<>|~&$]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
+# between two letters or digits is never emphasis (CommonMark 6.2), so `non_matmul` stays as it is,
+# and a `>` inside a line begins nothing once `<` is escaped, so a note's `->` does too.
+_MARKDOWN_INLINE = re.compile(r"([\\`*\[\]<|~&$]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
 # What it reads at a line's start: headings, quotes, lists, setext underlines, ordered lists.
 _MARKDOWN_BLOCK = re.compile(r"^(\s*)([#>+=-]|\d+[.)])")
 
