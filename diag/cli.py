@@ -20,7 +20,7 @@ from diag import __version__
 from diag.runtime.arrow_memory import use_system_allocator
 from diag.runtime.batch import collect_seldom, exit_now
 from diag.runtime.blas_threads import one_blas_thread
-from diag.runtime.errors import BadInput, ExitCode, printable
+from diag.runtime.errors import BadInput, ExitCode, Stopped, printable
 from diag.runtime.no_pandas import keep_pandas_out
 from diag.runtime.option_types import NEGATIVE_NUMBER, non_negative_int, positive_float, positive_int
 
@@ -365,9 +365,16 @@ def _run(args: argparse.Namespace) -> int:
     except BadInput as e:
         print(e.message(), file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except Stopped as e:   # a signal during an ingest: what the store holds and what it does not
+        print(e.message(), file=sys.stderr)
+        return e.code
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # the contract: an internal error is exit 3 with one line, not a traceback
+        from diag.runtime.lifetime import stopped_by
+
+        if stopped_by() is not None:   # a query DuckDB interrupted for a signal: the signal's exit
+            return 128 + stopped_by()   # type: ignore[operator]
         if os.environ.get("DIAG_DEBUG", "") not in ("", "0"):
             # The traceback, but still exit 3: an uncaught exception would exit 1, the gate's "failed".
             import traceback

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from diag.ingest.source import DEFAULT_MAX_BYTES
 from diag.runtime.errors import BadInput
+from diag.runtime.lifetime import raise_if_stopped
 
 if TYPE_CHECKING:
     pass
@@ -92,7 +93,9 @@ class Sink(Protocol):
 
 def failed(path: str, e: Exception) -> BadInput:
     """A file's failure as the one line that names it; the other files go on (issue 15: a file
-    nested 10^6 deep or with a 5000-digit integer once stopped every file after it)."""
+    nested 10^6 deep or with a 5000-digit integer once stopped every file after it). Not a signal
+    that DuckDB turned into an error of its own: that ends the run (lifetime.stopped_by)."""
+    raise_if_stopped()
     if isinstance(e, BadInput):
         return e
     if isinstance(e, MemoryError):

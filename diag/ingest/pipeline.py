@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Generator
-from contextlib import closing
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
@@ -29,7 +29,7 @@ from diag.ingest.kineto_tabulate import EVENT_TABLES, SCHEMAS
 from diag.ingest.ranks import assign_by_process
 from diag.ingest.sniff import AMBIGUOUS
 from diag.runtime import store
-from diag.runtime.errors import BadInput, printable
+from diag.runtime.errors import BadInput, Stopped, printable
 from diag.runtime.executor import LocalExecutor, make_executor
 from diag.runtime.lifetime import run_dir
 
@@ -87,7 +87,8 @@ def ingest(
         opts = replace(opts, spill_dir=scratch)
         # closing: an interruption ends the workers now, not when the generator is collected.
         with closing(_in_workers(files, con, known, opts, explicit, seen, jobs, before) if workers else
-                     _in_process(files, con, known, opts, explicit, seen, before)) as outcomes:
+                     _in_process(files, con, known, opts, explicit, seen, before)) as outcomes, \
+                _stopping(files, result):
             for i, (path, outcome) in enumerate(outcomes):
                 if progress:
                     progress(i + 1, len(files), path)
@@ -107,6 +108,19 @@ def ingest(
                 f"AND file_id IN ({store.id_set(ingested)})").fetchall()])
     _number_windows(con)
     return result
+
+
+@contextmanager
+def _stopping(files: list[str], result: IngestResult) -> Iterator[None]:
+    """A signal during the ingest ends it as Stopped, naming the files stored and those not."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit) as e:
+        code = 130 if isinstance(e, KeyboardInterrupt) else e.code if isinstance(e.code, int) else 143
+        stored = {p for p, _ in result.ingested}
+        # Skipped (a duplicate) and left out (bad) files were dealt with: "not stored" are those not reached.
+        done = stored | {s.path for s in result.skipped} | {e.path for e in result.errors}
+        raise Stopped(code, [p for p in files if p in stored], [p for p in files if p not in done]) from None
 
 
 def _size(path: str) -> int:

@@ -6,7 +6,7 @@ from enum import IntEnum
 
 from diag.runtime.sanitize import printable
 
-__all__ = ["BadInput", "ExitCode", "MissingExtra", "printable", "require"]
+__all__ = ["BadInput", "ExitCode", "MissingExtra", "Stopped", "printable", "require"]
 
 
 class ExitCode(IntEnum):
@@ -41,6 +41,30 @@ class BadInput(Exception):
         """What the CLI prints on stderr: prefixed by `diag: ` unless it names a diag command."""
         line = self.one_line()
         return line if self.path.startswith("diag ") else f"diag: {line}"
+
+
+class Stopped(BaseException):
+    """A signal ended an ingest: which files the store holds, each whole (a file is one
+    transaction), and which it does not. A BaseException, as KeyboardInterrupt and SystemExit are:
+    no handler of one file's errors may take it for that file's."""
+
+    def __init__(self, code: int, stored: list[str], not_stored: list[str]) -> None:
+        self.code = code   # 130 (SIGINT) or 143 (SIGTERM): 128 + the signal
+        self.stored = stored
+        self.not_stored = not_stored
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        why = "interrupted" if self.code == 130 else "terminated"
+        return (f"diag: {why} during ingest: {len(self.stored)} file(s) stored whole{_some(self.stored)}; "
+                f"{len(self.not_stored)} not stored{_some(self.not_stored)}")
+
+
+def _some(paths: list[str], n: int = 5) -> str:
+    if not paths:
+        return ""
+    more = f", and {len(paths) - n} more" if len(paths) > n else ""
+    return " (" + ", ".join(printable(p) for p in paths[:n]) + more + ")"
 
 
 class MissingExtra(BadInput):

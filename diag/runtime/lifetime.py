@@ -25,11 +25,13 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 RUN_PREFIX = "diag-run-"
 _OWNER = "owner"
 _PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
 _current: str | None = None
+_stopped_by: int | None = None   # the signal (SIGINT, SIGTERM) that is ending this run, once one came
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -53,7 +55,8 @@ def scratch_dir() -> str | None:
 def run_dir(parent: str | None = None) -> Iterator[str]:
     """A directory for this run's temporary files under `parent` (default: the system's temporary
     directory), removed at the end; first, the directories of runs whose owner is gone are removed.
-    SIGTERM ends the run through this cleanup (exit 143) instead of skipping it."""
+    SIGTERM ends the run through this cleanup (exit 143) instead of skipping it; either signal is
+    remembered (stopped_by)."""
     global _current
     base = parent or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
@@ -93,21 +96,52 @@ def sweep(base: str) -> list[str]:
     return removed
 
 
+def stopped_by() -> int | None:
+    """The signal that is ending this run, if one came while a run directory was held.
+
+    DuckDB checks for signals while it runs a query and answers one by interrupting the query with
+    an error of its own ("Query interrupted"): the KeyboardInterrupt or SystemExit the handler
+    raised is gone, and a file's write looked like a bad file (left out, the run went on and exited
+    0; issue 40, item 1). Whoever catches errors broadly asks this first."""
+    return _stopped_by
+
+
+def raise_if_stopped() -> None:
+    """Raise again what the signal's handler raised, if a signal is ending the run."""
+    if _stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt
+    if _stopped_by is not None:
+        raise SystemExit(128 + _stopped_by)
+
+
 @contextlib.contextmanager
 def _terminate_as_exit() -> Iterator[None]:
     """SIGTERM's default action ends the process on the spot; as SystemExit it runs the `finally`
-    blocks that end the workers and remove the run directory. Only the main thread can set it,
-    and only where nobody else has."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    blocks that end the workers and remove the run directory. Both it and SIGINT (still a
+    KeyboardInterrupt) are remembered, for stopped_by. Only the main thread can set handlers, and
+    only where nobody else has."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    handlers: dict[int, Any] = {}   # signal → the handler to put back
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        handlers[signal.SIGTERM] = signal.SIG_DFL
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        handlers[signal.SIGINT] = signal.default_int_handler
 
-    def terminate(signum: int, frame: FrameType | None) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
+        global _stopped_by
+        _stopped_by = signum
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, terminate)
+    global _stopped_by
+    _stopped_by = None   # a run before this one in the process (a library's caller, a test) was stopped
+    for signum in handlers:
+        signal.signal(signum, stop)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum, before in handlers.items():
+            signal.signal(signum, before)
