@@ -173,6 +173,11 @@ def value_warnings(bad: Counter[str]) -> list[str]:
     said = {
         "typed": "typed values were of an unexpected type or out of range; kept raw, typed what fit",
         "negative_dur": "events had a negative duration; kept with duration 0",
+        "no_dur": "complete ('X') events had no 'dur' (null or missing); kept with duration 0",
+        "no_ts": "complete ('X') events had no 'ts' (null or missing); kept aside (other_events), off the timeline",
+        "no_span": "events had a 'ph' that is not a complete span ('B'/'E' halves, or a letter such as 'x'); "
+                   "kept aside (other_events), off the timeline",
+        "no_cat": "complete ('X') events had no 'cat'; read as CPU ops",
         "no_ph": "events had no 'ph'; those with ts and dur read as complete ('X') events, the rest kept aside",
         "named_ids": "pid/tid values were names, not numbers; each name read as its own (negative) id",
         "not_utf8": "byte sequences were not UTF-8 (a string cut mid-character?); each kept as U+FFFD",
@@ -245,6 +250,11 @@ class _CompleteKinds(dict[str | None, int]):
 _COMPLETE_KIND = _CompleteKinds()
 _NO_PH = len(_KINDS)   # an event without 'ph', while its kind is worked out
 _PHASE_KIND = {**dict.fromkeys(_FLOW_PHASES, FLOWS), "": _NO_PH}
+# The Chrome trace format's phases of events diag sets aside knowingly: complete events of a category
+# no table reads (cuda_sync, Trace), instants, counters, metadata, async and object events, marks,
+# contexts. 'B'/'E' (a span in two events) and any other letter ('x') are counted when set aside (no_span).
+_OTHER_PHASES = frozenset({"X", "i", "I", "C", "M", "b", "n", "e", "S", "T", "p", "F", "N", "O", "D", "P", "R", "c",
+                           "(", ")", *_FLOW_PHASES})
 
 
 def _complete_key(cat: str | None) -> str:
@@ -275,7 +285,12 @@ def _kinds(events: list[_Event], missing_ts: np.ndarray, bad: Counter[str]) -> n
         bad["no_ph"] += int(no_ph.size)
         for i in no_ph.tolist():
             kinds[i] = OTHER if events[i].dur is None else complete[events[i].cat]
-    kinds[(kinds <= CPU) & missing_ts] = OTHER
+    if (no_ts := (kinds <= CPU) & missing_ts).any():
+        bad["no_ts"] += int(no_ts.sum())
+        kinds[no_ts] = OTHER
+    # Few events are "other" (metadata, instants, counters): looked at one by one.
+    bad["no_span"] += sum(events[i].ph not in _OTHER_PHASES for i in np.flatnonzero(kinds == OTHER).tolist()
+                          if events[i].ph)
     return kinds
 
 
@@ -371,6 +386,11 @@ class _Chunk:
         self.dur_ns = _ns_values([e.dur for e in evs], bad, kinds[self.order] != FLOWS)
         self.raws = _pick(raws, self.order)
         self.names, self.cats = [e.name for e in evs], [e.cat for e in evs]
+        # The timed kinds come first in this order: their missing durations read 0, a missing cat CPU.
+        timed = self.bounds[CPU + 1]
+        if self.dur_ns[1] is not None:
+            bad["no_dur"] += int(self.dur_ns[1][:timed].sum())
+        bad["no_cat"] += self.cats[:timed].count(None)
 
     def _sort(self, events: list[_Event], kinds: np.ndarray) -> None:
         self.order = np.argsort(kinds, kind="stable")

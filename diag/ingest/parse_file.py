@@ -71,6 +71,11 @@ def _parse_source(
                                rank_map=merged, while_waiting=sink.flush, begun=begun)
     warnings = [fmt.warning] if fmt.warning else []
     rank, world, backend = rank_from_distributed_info(info.distributed_info)
+    if world is not None and not 1 <= world < 2**31:   # trace_files.world_size is an INTEGER
+        # As a counted value, not the file's error: a 2^31 once failed the whole batch's INSERT (exit 3).
+        warnings.append(f"values: distributedInfo.world_size {_number(world)} is not a world size (1 to 2^31 - 1); "
+                        "read as unknown")
+        world = None
     source: str | None = "distributedInfo"
     if merged is not None:
         # A merge tool keeps the first rank's distributedInfo (sglang) or none: the names decide.
@@ -251,3 +256,8 @@ def _spill_file(
 def _count(table: pa.Table, column: str, value: str) -> int:
     """Rows of `table` whose `column` equals `value`."""
     return int(pc.sum(pc.equal(table.column(column), value)).as_py() or 0)
+
+
+def _number(n: int) -> str:
+    """An integer for a message: a long one by its length (a 400-digit one filled the line)."""
+    return str(n) if -10**20 < n < 10**20 else f"of {len(str(abs(n)))} digits"
