@@ -171,6 +171,9 @@ def analyze_opened(con: duckdb.DuckDBPyConnection, opts: AnalyzeOptions, model_f
     mapped)."""
     if opts.model is None and model_file:
         opts = replace(opts, model=model_file)
+    if opts.model is None and opts.tokens_per_step is not None:   # it would be ignored without a word
+        raise BadInput("--tokens-per-step", "needs a model to apply to: --model PRESET|FILE.toml, or a model.toml "
+                                            "beside the traces (without one, model FLOPs come from the trace)")
     try:
         a = analyze(con, opts, cache, executor, spill_dir, progress, jobs)
     except BaseException:

@@ -22,7 +22,14 @@ from diag.runtime.batch import collect_seldom, exit_now
 from diag.runtime.blas_threads import one_blas_thread
 from diag.runtime.errors import BadInput, ExitCode, Stopped, printable
 from diag.runtime.no_pandas import keep_pandas_out
-from diag.runtime.option_types import NEGATIVE_NUMBER, non_negative_int, positive_float, positive_int
+from diag.runtime.option_types import (
+    NEGATIVE_NUMBER,
+    jobs,
+    non_negative_int,
+    peak_tflops,
+    positive_float,
+    positive_int,
+)
 
 FORMATS = ("text", "json", "markdown")
 
@@ -51,7 +58,7 @@ def add_ingest_options(p: argparse.ArgumentParser) -> None:
                    help=f"refuse files that decompress beyond this many bytes (default {DEFAULT_MAX_BYTES})")
     p.add_argument("--rank", type=non_negative_int, default=None,
                    help="rank of a single file whose trace and name carry none")
-    p.add_argument("--jobs", type=positive_int, default=None,
+    p.add_argument("--jobs", type=jobs, default=None,
                    help="parallel workers, ≥ 1, for the parse and, with many small files, the analysis map "
                         "(default: one per core; with --executor ray, the cluster's CPUs)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -71,7 +78,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=None,
                    help="hardware part as you would say it: h100, H100-SXM, h100-pcie, h200, a100, b200, or the "
                         "trace's own device name ('NVIDIA H100 80GB HBM3')")
-    p.add_argument("--peak-tflops", type=positive_float, default=None,
+    p.add_argument("--peak-tflops", type=peak_tflops, default=None,
                    help="override the dense peak, > 0 (still checked against 'with sparsity' figures)")
     p.add_argument("--tokens-per-step", type=positive_float, default=None,
                    help="global tokens per optimizer step, > 0 (what a --model preset needs for MFU)")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from diag.ingest.early import begin_parse
 from diag.ingest.source import is_duckdb_file
+from diag.runtime import paths
 from diag.runtime.durations import data_size
 from diag.runtime.errors import BadInput, ExitCode, printable
 from diag.runtime.sanitize import terminal
@@ -49,6 +50,18 @@ def ingest_options(args: argparse.Namespace) -> IngestOptions:
                          executor=args.executor, spill_dir=args.spill_dir)
 
 
+def check_paths(args: argparse.Namespace, reads: list[str], writes: list[str | None]) -> None:
+    """Before any work: what the command reads is there and readable (a regular file or a
+    directory: no FIFO, no device), what it writes can be written, and --db is a DuckDB file or new."""
+    for p in reads:
+        paths.input_path(p)
+    for out in writes:
+        if out is not None:
+            paths.output_path(out)
+    if getattr(args, "db", None) is not None:
+        paths.db_path(args.db)
+
+
 def has_terminal() -> bool:
     """Both stdin and stdout are a terminal: a UI can be seen and driven."""
     return sys.stdin.isatty() and sys.stdout.isatty()
@@ -63,6 +76,7 @@ def _parse_ahead(path: str, args: argparse.Namespace) -> None:
 
 
 def run_ingest(args: argparse.Namespace) -> int:
+    check_paths(args, [], [])   # the traces: require_paths below, then each file as it is read
     _parse_ahead(args.paths[0], args)
     from diag.api import counted_warnings, ingest_paths, print_warnings
     from diag.ingest.discover import require_paths
@@ -100,6 +114,7 @@ def _store_ahead(path: str, db: str | None) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
+    check_paths(args, [args.path], [args.out])
     _parse_ahead(args.path, args)
     _store_ahead(args.path, args.db)
     from diag.api import analyze_and_use
@@ -126,6 +141,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------ export
 
 def run_export(args: argparse.Namespace) -> int:
+    check_paths(args, [args.path], [args.perfetto])
     _store_ahead(args.path, args.db)
     from diag.api import analyze_and_use
     from diag.outputs.perfetto import Cut, export_perfetto, parse_ranges
@@ -180,6 +196,7 @@ def run_gate(args: argparse.Namespace) -> int:
 
     github = os.environ.get("GITHUB_ACTIONS") == "true"
     try:
+        check_paths(args, [args.baseline, args.current], [args.junit])
         budget = gate.load_budget(args.budget)
         opts, iopts = analyze_options(args), ingest_options(args)
         base = load_run(args.baseline, opts, iopts)
@@ -227,8 +244,7 @@ def load_run(path: str, opts: AnalyzeOptions, ingest_opts: IngestOptions, db: st
     from diag.outputs.gate import Run, check_report, read_report_json
 
     p = Path(path)
-    if not p.exists():
-        raise BadInput(path, "no such file or directory")
+    paths.input_path(path)   # there, and a regular file or a directory: a FIFO blocked the read forever
     doc = None if p.is_dir() or is_duckdb_file(p) else read_report_json(p)
     if doc is None or (isinstance(doc, dict) and "traceEvents" in doc):
         import json

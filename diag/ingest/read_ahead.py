@@ -37,11 +37,11 @@ from diag.ingest.source import (
     GZIP_MAGIC,
     IN_MEMORY_BYTES,
     SourceBytes,
-    is_duckdb_head,
     read_source,
     trailer_size,
 )
 from diag.runtime.errors import BadInput
+from diag.runtime.paths import is_duckdb_head
 
 if TYPE_CHECKING:
     from diag.ingest.kineto import Begun

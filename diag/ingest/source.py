@@ -23,6 +23,7 @@ from typing import IO, cast
 from isal import isal_zlib
 
 from diag.runtime.errors import BadInput
+from diag.runtime.paths import is_duckdb
 
 
 def _default_max_bytes() -> int:
@@ -47,7 +48,6 @@ _CHUNK = 16 * 1024 * 1024
 # fresh 16 MB pieces cost a page fault per 4 kB, and the 35 MB control trace's read 0.087 s → 0.057.
 _INFLATE_PIECE = 1024 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
-_DUCKDB_MAGIC = b"DUCK"   # bytes 8..12 of a DuckDB database file
 # isal's stubs declare IsalError as an instance; at run time it is the exception class.
 _InflateError = cast(type[Exception], isal_zlib.IsalError)
 
@@ -76,19 +76,9 @@ class SourceBytes:
                 self.data.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
-def is_duckdb_head(head: bytes) -> bool:
-    """Whether a file that begins with `head` (its first 12 bytes or more) is a DuckDB database."""
-    return head[8:12] == _DUCKDB_MAGIC
-
-
 def is_duckdb_file(path: str | Path) -> bool:
-    """Whether `path` is a DuckDB database (a diag store), not traces."""
-    p = Path(path)
-    if not p.is_file():
-        return False
-    with p.open("rb") as f:
-        head = f.read(12)
-    return is_duckdb_head(head)
+    """Whether `path` is a DuckDB database (a diag store), not traces (paths.is_duckdb)."""
+    return is_duckdb(path)
 
 
 def read_source(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: bool = False,

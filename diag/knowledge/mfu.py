@@ -24,7 +24,7 @@ from diag.knowledge import hardware
 from diag.knowledge.model import ModelSpec, flops_per_token, load_model
 from diag.runtime.durations import number, significant
 from diag.runtime.errors import BadInput, ExitCode
-from diag.runtime.option_types import positive_float, positive_int
+from diag.runtime.option_types import peak_tflops, positive_float, positive_int
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def add_mfu_arguments(parser: argparse.ArgumentParser) -> None:
     hw.add_argument("--dtype",
                     help="dtype of the peak (default bf16; fp16 on parts without bf16, V100), or a mix of matmul "
                          "FLOPs, e.g. fp8=0.6,bf16=0.4: the effective peak 1 / sum(share / peak)")
-    hw.add_argument("--peak-tflops", metavar="X", type=positive_float, help="dense peak per GPU, overriding --gpu's")
+    hw.add_argument("--peak-tflops", metavar="X", type=peak_tflops, help="dense peak per GPU, overriding --gpu's")
     target = parser.add_argument_group("known quantity (exactly one)")
     target.add_argument("--tokens-per-s", metavar="X", type=positive_float, help="global training throughput -> prints MFU")
     target.add_argument("--mfu", metavar="F", type=positive_float, help="MFU as a fraction, e.g. 0.40 -> prints tokens/s")

@@ -22,6 +22,7 @@ import msgspec
 from diag.attribution.ledger import BUCKETS
 from diag.runtime.durations import number
 from diag.runtime.errors import BadInput
+from diag.runtime.paths import read_capped
 from rules import RULES
 
 if sys.version_info >= (3, 11):
@@ -46,6 +47,8 @@ DEFAULT_NOISE_MIN_STEPS = 3
 
 # Reports are small (1,000 ranks × 12 buckets is ~0.4 MB); a JSON file larger than this is a trace.
 _MAX_REPORT_BYTES = 64 << 20
+# A budget is a few dozen lines of TOML.
+_MAX_BUDGET_BYTES = 1 << 20
 
 Verdict = Literal["pass", "better", "noise", "fail", "skip"]
 
@@ -67,10 +70,9 @@ class Budget(msgspec.Struct, frozen=True):
 def load_budget(path: str | None) -> Budget:
     if path is None:
         return Budget()
+    data = read_capped(path, _MAX_BUDGET_BYTES, "a budget")   # /dev/zero read until the OOM killer came
     try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BadInput(path, f"cannot read the budget: {e.strerror or e}") from e
+        doc = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise BadInput(path, f"not a TOML budget: {e}") from e
     return _BudgetReader(path).read(doc)
@@ -177,10 +179,8 @@ def read_report_json(p: Path) -> Any:
     if p.name.endswith(".gz") or p.stat().st_size > _MAX_REPORT_BYTES:
         return None
     try:
-        data = p.read_bytes()
+        data = read_capped(str(p), _MAX_REPORT_BYTES, f"a {REPORT_SCHEMA} JSON")
         text = data.decode("utf-8")
-    except OSError as e:
-        raise BadInput(str(p), f"cannot read: {e.strerror or e}") from e
     except UnicodeDecodeError as e:
         raise BadInput(str(p), f"not UTF-8 text, so not a {REPORT_SCHEMA} JSON", e.start) from e
     try:

@@ -48,25 +48,38 @@ class Cut(msgspec.Struct, frozen=True):
     steps: frozenset[int] | None = None
 
 
+# Ranks and steps an export can name: a million is past any job's ranks (a 100k-GPU job) and steps.
+_MAX_LISTED = 1_000_000
+
+
 def parse_ranges(text: str, what: str) -> frozenset[int]:
-    """`0-7,64` → {0..7, 64}."""
+    """`0-7,64` → {0..7, 64}. At most _MAX_LISTED numbers: `0-99999999999` was built as a set of
+    10^11 integers (OOM-killed)."""
     out: set[int] = set()
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        m = re.fullmatch(r"\s*(\d{1,30})\s*(?:-\s*(\d{1,30})\s*)?", part)
         if not m or (m[2] is not None and int(m[2]) < int(m[1])):
-            raise BadInput(what, f"{text!r} is not a list of numbers and ranges like 0-7,64")
-        out.update(range(int(m[1]), int(m[2] or m[1]) + 1))
+            raise BadInput(what, f"{text[:80]!r} is not a list of numbers and ranges like 0-7,64")
+        first, last = int(m[1]), int(m[2] or m[1])
+        if last - first + 1 + len(out) > _MAX_LISTED:
+            raise BadInput(what, f"{text[:80]!r} lists more than {_MAX_LISTED:,} numbers")
+        out.update(range(first, last + 1))
     return frozenset(out)
+
 
 
 @contextmanager
 def _open_out(path: Path) -> Iterator[IO[str]]:
-    if path.name.endswith(".gz"):
-        with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as f:
-            yield f
-    else:
-        with path.open("w", encoding="utf-8") as f:
-            yield f
+    """The export's file; a write that fails (a full disk, /dev/full) is BadInput naming it."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as f:
+                yield f
+        else:
+            with path.open("w", encoding="utf-8") as f:
+                yield f
+    except OSError as e:
+        raise BadInput(str(path), f"cannot write: {e.strerror or e}") from None
 
 
 class _Writer:

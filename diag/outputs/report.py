@@ -219,6 +219,8 @@ def path_line(r: Mapping[str, Any]) -> str:
             for k, v in p["summary"][key].items():
                 total[k] += v / len(paths)
         share[key] = total
+    if not share["by_rank"] or not share["by_kind"]:
+        return ""   # steps whose paths hold no segment (the bench trace's repeated steps): nothing to say
     rank, kind = (max(share[k], key=lambda x: share[k][x]) for k in ("by_rank", "by_kind"))
     return (f"critical path: rank {rank} holds {share['by_rank'][rank]:.0%} of it, {kind} {share['by_kind'][kind]:.0%} "
             f"(mean over {len(paths)} step{'' if len(paths) == 1 else 's'}; docs/critical_path.md)")
@@ -236,8 +238,8 @@ def render_text(r: dict[str, Any]) -> str:
     lines.append(f"  = {'model_compute (MFU)':<20}{_mfu_points(r):>7}")
     if r["worst_rank"] is not None and len(r["ranks"]) > 1:
         lines.append(_worst(r))
-    if r["critical_path"]:
-        lines.append(path_line(r))
+    if r["critical_path"] and (line := path_line(r)):
+        lines.append(line)
     lines.append("")
     if r["findings"]:
         lines.append("findings, by what a fix can win")

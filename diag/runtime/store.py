@@ -20,6 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from diag.runtime.errors import BadInput
+from diag.runtime.paths import NOT_A_STORE
 
 SQL_DIR = resources.files("diag") / "sql"
 
@@ -390,7 +391,7 @@ def _reason(e: BaseException) -> str:
     text = re.sub(r"^[A-Za-z ]*Error: ", "", text)
     text = re.sub(r'^(Cannot open file|The file) "[^"]*"(: )?', "", text).strip()
     if "not a valid DuckDB database file" in text:
-        return "not a DuckDB database file (a diag store is one); give a new file name or a store diag made"
+        return NOT_A_STORE
     return text
 
 
