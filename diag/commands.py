@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diag.ingest.early import begin_parse
 from diag.ingest.source import is_duckdb_file
@@ -104,6 +104,23 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------------- analyze
 
+def valid(report: dict[str, Any], path: str) -> dict[str, Any]:
+    """The report, once the gate's own check (gate.check_report, on it as JSON) accepts it: whatever
+    analyze writes, the gate reads. What it refuses is an impossible figure (MFU past 150%: a model
+    or a peak that does not describe the run), said as this run's bad input."""
+    import json
+
+    from diag.outputs.gate import check_report
+    from diag.outputs.report import to_json
+
+    try:
+        check_report(json.loads(to_json(report)), path)
+    except BadInput as e:
+        raise BadInput(path, f"the analysis gives an impossible report ({e.reason.split(': not a valid')[0]}): "
+                             "check --model, --tokens-per-step, --gpu and --peak-tflops") from None
+    return report
+
+
 def _store_ahead(path: str, db: str | None) -> None:
     """Traces analyzed without --db: their in-memory store opens in a thread while this process
     imports the analysis (store.connect_ahead)."""
@@ -126,11 +143,12 @@ def run_analyze(args: argparse.Namespace) -> int:
 
         # The page reads the store beside the report (top kernels with their achieved TFLOP/s).
         text = analyze_and_use(args.path, args.db, opts, iopts,
-                               lambda con, a, report: render_html(report, a, con, Path(args.path).name),
+                               lambda con, a, report: render_html(valid(report, args.path), a, con,
+                                                                  Path(args.path).name),
                                progress=True)
     else:
         text = analyze_and_use(args.path, args.db, opts, iopts,
-                               lambda con, a, report: render(report, args.format), progress=True)
+                               lambda con, a, report: render(valid(report, args.path), args.format), progress=True)
     if args.out:
         _write(args.out, text)
     else:

@@ -364,7 +364,8 @@ def resolve_peak(ranks: list[RankDigest], opts: AnalyzeOptions, hip: Callable[[]
         return Peak(tflops, p.key if p else None, p.name if p else None, dtype,
                     f"{src} ({mix.basis})" if mix.basis else src, user,
                     p.hbm_gbps if p else None, p.nvlink_gbps if p else None, dict(mix.shares))
-    name = next((r.device_props.get("name") for r in ranks if r.device_props), None)
+    # A name as text only: a number there (a damaged trace) made the report's device.name a float.
+    name = next((n for r in ranks if r.device_props and isinstance(n := r.device_props.get("name"), str)), None)
     gfx = next((r.isa for r in ranks if r.isa), None) if name is None else None
     if gfx is not None and (said := isa.describe(gfx, dtype)) is not None:
         # No deviceProperties (older ROCm captures): the ISA in kernel names gives the family and

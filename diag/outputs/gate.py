@@ -140,6 +140,7 @@ class ReportFinding(msgspec.Struct, frozen=True):
     code: str
     severity: str
     lost_fraction: float = 0.0
+    recoverable_fraction: float | None = None
     slug: str = ""
     summary: str = ""
     advice: str = ""
@@ -162,6 +163,9 @@ class ReportView(msgspec.Struct, frozen=True):
     ledger: dict[str, float]
     findings: list[ReportFinding]
     ledger_by_step: dict[str, dict[str, float]] = {}
+    ledger_by_rank: dict[str, dict[str, float]] = {}
+    hfu: float | None = None
+    mfu_bf16: float | None = None
     device: ReportDevice = ReportDevice()
     model: dict[str, Any] | None = None
     step_time_s: float | None = None
@@ -208,7 +212,7 @@ def check_report(doc: Any, path: str) -> ReportView:
     missing = [b for b in BUCKETS if b not in view.ledger]
     if missing:
         raise BadInput(path, f"ledger lacks bucket(s) {', '.join(missing)}: not a complete {REPORT_SCHEMA} ledger")
-    bad = next(_out_of_range(view), None)
+    bad = next(_non_finite(doc), None) or next(_out_of_range(view), None)
     if bad is not None:
         raise BadInput(path, f"{bad}: not a valid {REPORT_SCHEMA} document; {_HOW}")
     return view
@@ -216,6 +220,23 @@ def check_report(doc: Any, path: str) -> ReportView:
 
 # A ledger's fractions sum to 1 ± 0.01 (DESIGN.md "Contracts"), so each lies in [0, 1] within that rounding.
 _FRACTION_SLACK = 0.01
+# MFU past 100% means a wrong peak or overstated model FLOPs (the report says so in a note); past
+# 150% no run did it: a report that says so is damaged, and would move the MFU check at will.
+MAX_MFU = 1.5
+
+
+def _non_finite(doc: Any) -> Iterator[str]:
+    """Where the document holds NaN or ±Infinity, anywhere (JSON parsers take them; NaN compares
+    false with every budget, so one in hfu or ledger_by_rank passed as well as one in mfu)."""
+    todo: list[tuple[str, Any]] = [("", doc)]
+    while todo:
+        where, x = todo.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            yield f"{where.lstrip('.') or 'the document'} = {x!r} (expected a finite number)"
+        elif isinstance(x, dict):
+            todo.extend((f"{where}.{k}", v) for k, v in x.items())
+        elif isinstance(x, list):
+            todo.extend((f"{where}[{i}]", v) for i, v in enumerate(x))
 
 
 def _out_of_range(v: ReportView) -> Iterator[str]:
@@ -233,19 +254,29 @@ def _out_of_range(v: ReportView) -> Iterator[str]:
 
     if v.world_size < 1 or v.steps < 0:
         yield f"world_size = {v.world_size}, steps = {v.steps} (expected ≥ 1 and ≥ 0)"
-    if v.mfu is not None and not (math.isfinite(v.mfu) and v.mfu >= 0):
-        yield f"mfu = {v.mfu!r} (expected a finite number ≥ 0)"
+    for name, x in (("mfu", v.mfu), ("hfu", v.hfu), ("mfu_bf16", v.mfu_bf16)):
+        if x is not None and not (math.isfinite(x) and 0 <= x <= MAX_MFU):
+            yield f"{name} = {x!r} (expected a finite number from 0 to {MAX_MFU:g})"
     for bucket, x in v.ledger.items():
         yield from fraction(f"ledger.{bucket}", x)
     for step, row in v.ledger_by_step.items():
         for bucket, x in row.items():
             yield from fraction(f"ledger_by_step.{step}.{bucket}", x)
+    for rank, row in v.ledger_by_rank.items():
+        for bucket, x in row.items():
+            yield from fraction(f"ledger_by_rank.{rank}.{bucket}", x)
     for f in v.findings:
+        if f.severity not in SEVERITIES:
+            yield f"findings[{f.code}].severity = {f.severity!r} (expected one of {', '.join(SEVERITIES)})"
         yield from fraction(f"findings[{f.code}].lost_fraction", f.lost_fraction)
+        if f.recoverable_fraction is not None:
+            yield from fraction(f"findings[{f.code}].recoverable_fraction", f.recoverable_fraction)
     yield from positive("device.peak_tflops", v.device.peak_tflops)
     if v.model is not None:
         yield from positive("model.params", v.model.get("params"))
-    yield from positive("step_time_s", v.step_time_s)
+    # 0 is what a trace whose steps take no time says (every event at one instant): not damage.
+    if v.step_time_s is not None and not (math.isfinite(v.step_time_s) and v.step_time_s >= 0):
+        yield f"step_time_s = {v.step_time_s!r} (expected a finite number ≥ 0)"
 
 
 def mismatches(base: ReportView, cur: ReportView) -> list[str]:
@@ -425,7 +456,7 @@ def _strongest(r: ReportView, code: str) -> ReportFinding | None:
 
 
 def _rank(severity: str | None) -> int:
-    # An unknown severity word (a newer diag) counts as the lowest, never as a failure by itself.
+    # No finding (None) is below every severity; check_report refuses any other word.
     return SEVERITIES.index(severity) if severity in SEVERITIES else -1
 
 
