@@ -121,3 +121,17 @@ def test_the_critical_path_line_of_paths_without_segments_is_left_out() -> None:
     # `max() arg is an empty sequence`, exit 3, in the text report.
     report = {"steps_excluded": [], "ranks": [0], "critical_path": [{"step": 1, "summary": {"by_rank": {}, "by_kind": {}}}]}
     assert path_line(report) == ""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+def test_in_a_directory_what_is_not_a_file_is_left_out_with_a_warning(run: Path, tmp_path: Path) -> None:
+    # A FIFO or a link to /dev/zero under a trace's name was skipped without a word.
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank-0.json").write_text((run / "rank-0.json").read_text())
+    os.mkfifo(d / "rank-1.json")
+    (d / "rank-2.json").symlink_to("/dev/zero")
+    r = run_diag("ingest", str(d), "--db", str(tmp_path / "x.duckdb"), timeout=60)
+    warned = [line for line in r.stderr.splitlines() if "not a regular file" in line]
+    assert r.returncode == 0 and len(warned) == 2, r.stderr
+    assert any("a FIFO" in w for w in warned) and any("a device" in w for w in warned)

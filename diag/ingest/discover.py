@@ -49,7 +49,8 @@ def discover(paths: list[str]) -> tuple[list[str], list[str]]:
     """(files to ingest, explicitly named files) from files and directories (searched recursively).
 
     Directory scans take names ending .json/.json.gz/.ndjson/.jsonl and extension-less
-    Flight Recorder dumps, in a stable order; files named explicitly are always taken.
+    Flight Recorder dumps, in a stable order, whatever they are (what is not a regular file is
+    then left out with a warning); files named explicitly are always taken.
     """
     found: list[str] = []
     explicit: list[str] = []
@@ -57,7 +58,9 @@ def discover(paths: list[str]) -> tuple[list[str], list[str]]:
         path = Path(p)
         if path.is_dir():
             for f in sorted(path.rglob("*")):
-                if f.is_file() and _looks_like_trace(f):
+                # Not only regular files: a FIFO, a device or a link to one (/dev/zero) under a
+                # trace's name was skipped without a word; read_source refuses it, as a warning.
+                if _looks_like_trace(f) and not f.is_dir():
                     found.append(str(f.resolve()))
         elif path.exists():
             # Named explicitly: read_source says what it is if not a regular file (a FIFO, a device).
