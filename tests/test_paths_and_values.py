@@ -135,3 +135,14 @@ def test_in_a_directory_what_is_not_a_file_is_left_out_with_a_warning(run: Path,
     warned = [line for line in r.stderr.splitlines() if "not a regular file" in line]
     assert r.returncode == 0 and len(warned) == 2, r.stderr
     assert any("a FIFO" in w for w in warned) and any("a device" in w for w in warned)
+
+
+@pytest.mark.parametrize(("shares", "code"), [("fp8=0.6,bf16=0.6", 2), ("fp8=0.2,bf16=0.3", 2),
+                                              ("fp8=0.6,bf16=0.4", 0), ("fp8=3,bf16=2", 0)])
+def test_dtype_fractions_must_add_up_to_one(capsys: pytest.CaptureFixture[str], shares: str, code: int) -> None:
+    # fp8=0.6,bf16=0.6 was renormalised to a 50/50 mix without a word; ratios are normalized as documented.
+    got, err = diag(capsys, "mfu", "--params", "70e9", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "0.4",
+                    "--dtype", shares)
+    assert got == code, err
+    if code:
+        one_line(got, err, "--dtype", "add up to")

@@ -156,7 +156,8 @@ def _peak(args: argparse.Namespace) -> tuple[float, str]:
 
 
 def _dtype_shares(text: str) -> dict[str, float]:
-    """--dtype: 'bf16', or 'fp8=0.6,bf16=0.4' (shares of matmul FLOPs, normalized to sum to 1)."""
+    """--dtype: 'bf16', or 'fp8=0.6,bf16=0.4' (shares of matmul FLOPs, summing to 1), or ratios
+    'fp8=3,bf16=2' (normalized)."""
     if "=" not in text:
         return {text.strip(): 1.0}
     shares: dict[str, float] = {}
@@ -171,6 +172,11 @@ def _dtype_shares(text: str) -> dict[str, float]:
             raise BadInput("--dtype", f"expected DTYPE=SHARE,..., e.g. fp8=0.6,bf16=0.4; got {text!r}")
         shares[dtype.strip()] = value
     total = sum(shares.values())
+    # Shares written as fractions (each ≤ 1) must add up to 1: fp8=0.6,bf16=0.6 is a slip, not a
+    # 50/50 mix. Larger numbers are ratios (fp8=2,bf16=1), normalized as documented.
+    if all(v <= 1 for v in shares.values()) and abs(total - 1) > 0.01:
+        raise BadInput("--dtype", f"shares {text!r} add up to {total:g}, not 1: give fractions of the matmul FLOPs "
+                                  "that sum to 1 (fp8=0.6,bf16=0.4), or ratios (fp8=3,bf16=2)")
     return {d: v / total for d, v in shares.items()}
 
 
