@@ -105,10 +105,24 @@ def _span(data: Any, events: msgspec.Raw) -> tuple[int, int]:
     while end > base and mv[end - 1] != ord("]"):
         end -= 1
     end -= 1                                    # the closing bracket
-    pos = base + 1                              # after the opening bracket
-    while pos < end and mv[pos] in b" \t\r\n":
-        pos += 1
-    return pos, end
+    return _past_blanks(data, base + 1, end), end   # from after the opening bracket
+
+
+_BLANK = np.zeros(256, dtype=bool)
+_BLANK[list(b" \t\r\n")] = True   # JSON's whitespace
+
+
+def _past_blanks(data: Any, pos: int, end: int, window: int = 1 << 20) -> int:
+    """The first position in data[pos:end] that is not JSON whitespace (`end` if none), looked for
+    a window of bytes at a time in NumPy: byte by byte in Python, the 300 MB of blanks a 1 MB gzip
+    can hold took 33 s (issue 40, item 7)."""
+    while pos < end:
+        stop = min(end, pos + window)
+        blank = _BLANK[np.frombuffer(data, np.uint8, count=stop - pos, offset=pos)]
+        if not blank.all():
+            return pos + int(np.argmin(blank))
+        pos = stop
+    return end
 
 
 def _two_ends(
