@@ -13,6 +13,7 @@ import numpy as np
 from diag.attribution import gemm_shape, workload_mix
 from diag.attribution.digest import RankDigest
 from diag.attribution.ledger import StepLedger
+from diag.attribution.mesh import Mesh
 from diag.knowledge.hardware import Part, Vendor, vendor_of
 from diag.timeline.clocks import ClockOffset
 from diag.timeline.collectives import Matched
@@ -151,6 +152,7 @@ class RunContext(msgspec.Struct):
     steps_excluded: list[tuple[int, int, str]] = msgspec.field(default_factory=list)   # (rank, step, why): not in the means
     flops_coverage: float | None = None           # share of GEMM/attention kernel time with FLOPs from shapes
     mfu_range: tuple[float, float] | None = None  # (lower, upper) where coverage is under the point's 90% (engine.run)
+    mesh: Mesh | None = None                     # the parallel layout (attribution/mesh.py)
 
     @property
     def inference(self) -> bool:

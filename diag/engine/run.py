@@ -22,6 +22,7 @@ from diag.attribution.critical_path import StepPath, critical_paths
 from diag.attribution.critical_path import write as write_critical_path
 from diag.attribution.digest import NO_LAUNCH, NO_OP, RankDigest
 from diag.attribution.ledger import StepLedger
+from diag.attribution.mesh import Mesh, infer
 from diag.attribution.what_if import retimed
 from diag.engine import rank_map
 from diag.engine.map_step import gpu_part, map_ranks
@@ -168,6 +169,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     host = any(r.host_timeline for r in ranks)
     peak = _host_peak(ranks, opts) if host else resolve_peak(ranks, opts, lambda: _hip_runtime(con, ranks))
     world = max([r.world_size or 0 for r in ranks] + [len({r.rank for r in ranks})])
+    mesh = _mesh(con, ranks, matched, world, host)
 
     waits = wait_intervals(matched)
     none: tuple[I64, I64] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -200,7 +202,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
         )
     run = RunContext(ranks, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed, workload=workload,
                      steps_excluded=[] if opts.all_steps else sorted(outliers.values()),
-                     flops_coverage=None if host else coverage, mfu_range=bounds)
+                     flops_coverage=None if host else coverage, mfu_range=bounds, mesh=mesh)
     if workload == "inference":
         run.notes.append(INFERENCE_NOTE)
     if host:
@@ -259,6 +261,19 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     write_critical_path(con, paths)
     findings = retimed(con, run, findings)
     return Analysis(run, findings, spec, flops_source, paths)
+
+
+def _mesh(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], matched: list[Matched], world: int,
+          host: bool) -> Mesh:
+    """The parallel layout (attribution/mesh.py) from each traced file's pg_config, the collectives and
+    the process groups Flight Recorder dumps name."""
+    ids = sorted({r.file_id for r in ranks})
+    configs = [c for (c,) in con.execute(
+        f"SELECT json_extract(distributed_info, '$.pg_config') FROM trace_files WHERE file_id IN ({store.id_set(ids)}) "
+        "AND distributed_info IS NOT NULL").fetchall() if c is not None]
+    fr = con.execute("SELECT DISTINCT pg_name, pg_desc, n_ranks FROM nccl_ops WHERE source = 'flight_recorder' "
+                     "AND pg_name IS NOT NULL").fetchall()
+    return infer(configs, matched, world, (r.gpus_per_node for r in ranks), host, fr)
 
 
 def _take_out_waits(exposed: dict[tuple[int, int], int], ranks: list[RankDigest], matched: list[Matched]) -> None:

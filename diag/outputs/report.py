@@ -82,6 +82,7 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "flops_source": a.flops_source,
         "notes": run.notes,
         "critical_path": [report_entry(p) for p in a.critical_path],
+        "parallelism": None if run.mesh is None else run.mesh.as_report(),
     }
 
 
