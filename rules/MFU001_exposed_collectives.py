@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 
 import msgspec
 
 from diag.attribution.analysis import Finding, RunContext, StepContext, severity
 from diag.attribution.ledger import StepLedger
+from diag.attribution.mesh import exposed_by_dim
 from diag.knowledge.links import LINKS, Link, Reach, bus_factor, normalize_collective, reach
 from rules.base import Rule
 
@@ -61,6 +63,34 @@ def alltoall_advice(family: str, deepep: bool) -> str:
     if family == "recommender":
         return f"overlap the all-to-all with compute: {_ALLTOALL['recommender']}"
     return _TRAINING_ADVICE["alltoall"].format(moe=moe, recommender=_ALLTOALL["recommender"])
+
+
+# Where the mesh names the dimension that loses the most, its own knobs come first (attribution/mesh.py);
+# data-parallel, expert-parallel (alltoall_advice, which knows the run's family and DeepEP) and unnamed
+# traffic keep the advice by kind.
+_DIM_ADVICE = {
+    "tp": "tensor-parallel: --sequence-parallel with --tp-comm-overlap to run its collectives beside the GEMMs, or "
+          "a lower --tensor-model-parallel-size where the model fits",
+    "fsdp": "FSDP: prefetch the next unit's all-gather (forward_prefetch=True, backward_prefetch=BACKWARD_PRE; "
+            "FSDP2: set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), reshard_after_forward=False "
+            "for the last units; HSDP (a 2-D mesh, the shard dimension inside a node) keeps the all-gathers on NVLink",
+    "cp": "context-parallel: overlap its KV exchange with the attention (ring attention's p2p; --cp-comm-type "
+          "a2a+p2p for a hierarchical layout across nodes)",
+}
+# A group of these dimensions spanning hosts runs its traffic on the network: the first knob is the layout.
+_INSIDE_A_NODE = {
+    "tp": "keep each tensor-parallel group inside a node (--tensor-model-parallel-size at most the GPUs per node, "
+          "TP fastest in the rank order)",
+    "cp": "keep each context-parallel group inside a node (CP after TP in the rank order)",
+    "ep": "keep each expert-parallel group inside a node (--expert-model-parallel-size at most the GPUs per node)",
+    "fsdp": "shard within a node and replicate across nodes (HSDP: a 2-D DeviceMesh, or "
+            "ShardingStrategy.HYBRID_SHARD)",
+}
+_DIM_WORDS = {"tp": "tensor-parallel", "fsdp": "FSDP", "dp": "data-parallel", "ep": "expert-parallel",
+              "cp": "context-parallel", "pp": "pipeline", "world": "world-group", "other": "other"}
+_PLURAL = {"allreduce": "all-reduces", "allgather": "all-gathers", "reducescatter": "reduce-scatters",
+           "alltoall": "all-to-alls", "broadcast": "broadcasts", "reduce": "reduces"}
+
 # How each kind sends fewer, larger messages when the largest group is latency-bound.
 _LARGER_MESSAGES = {"allreduce": "a larger bucket_cap_mb", "allgather": "larger FSDP units",
                     "reducescatter": "larger FSDP units", "alltoall": "more tokens or samples per all-to-all"}
@@ -118,9 +148,16 @@ class ExposedCollectives(Rule[Params]):
                         f"{g.exposed_ms / rank_steps:.2f} ms of transfer exposed per step in {g.count} calls "
                         "over all ranks and steps")
             summary += g.bandwidth_text()
+        by_dim, words, spans = _by_dim(run, frac)
+        if words:
+            summary = f"{words}; {summary}"
         kind = normalize_collective(top[0].collective) if top else None
-        advice = (alltoall_advice(run.family.family, run.uses("deepep")) if kind == "alltoall"
-                  else _TRAINING_ADVICE.get(kind or "", _TRAINING_ADVICE[""]))
+        lead = next(iter(by_dim), None)
+        advice = _DIM_ADVICE.get(lead or "") or (
+            alltoall_advice(run.family.family, run.uses("deepep")) if kind == "alltoall"
+            else _TRAINING_ADVICE.get(kind or "", _TRAINING_ADVICE[""]))
+        if spans and lead in _INSIDE_A_NODE:
+            advice = f"{_INSIDE_A_NODE[lead]}; {advice}"
         if run.inference:   # no gradients: what is exposed is tensor/expert-parallel traffic of the forward
             advice = ("hide the forward's collectives behind compute: larger batches per forward, fewer "
                       "tensor-parallel ranks (--tensor-parallel-size) where the model fits, all-reduce fused "
@@ -140,7 +177,7 @@ class ExposedCollectives(Rule[Params]):
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("exposed_comm"), ranks, steps,
             evidence, advice, summary, run.what_if(frac),
-            {"groups": [g.as_dict(rank_steps) for g in top]},
+            {"groups": [g.as_dict(rank_steps) for g in top], "by_dim": by_dim},
             bucket="exposed_comm", recoverable_fraction=frac,   # all of it: overlap hides it entirely
         )]
 
@@ -178,6 +215,30 @@ class ExposedCollectives(Rule[Params]):
                 if g.link is not None:
                     g.reach.append(reach(c.collective, n, c.msg_bytes, g.link, g.link_gbps))
         return sorted(acc.values(), key=lambda g: -g.exposed_ms)
+
+
+def _by_dim(run: RunContext, frac: float) -> tuple[dict[str, float], str, bool]:
+    """The exposed fraction split over the mesh's dimensions in proportion to each one's exposed
+    transfer time (largest first), and the summary's opening words for the largest where the mesh
+    names it ("tensor-parallel all-reduces: 14.2 pts exposed, the tensor-parallel group spans 2 hosts"),
+    and whether that dimension's groups span hosts."""
+    ns = exposed_by_dim(run.mesh, run.matched, run.exposed_ns)
+    total = sum(ns.values())
+    if not total:
+        return {}, "", False
+    dims: dict[str, int] = defaultdict(int)
+    for (d, _), v in ns.items():
+        dims[d] += v
+    by_dim = {d: frac * v / total for d, v in sorted(dims.items(), key=lambda x: (-x[1], x[0]))}
+    lead = next(iter(by_dim))
+    if run.mesh is None or lead in ("world", "other"):
+        return by_dim, "", False
+    kind = max((k for d, k in ns if d == lead), key=lambda k: ns[(lead, k)])
+    words = f"{_DIM_WORDS[lead]} {_PLURAL.get(kind, kind)}: {by_dim[lead] * 100:.1f} pts exposed"
+    spanning = run.mesh.spanning([lead]) if lead in ("tp", "cp", "ep", "fsdp") else []
+    if spanning:
+        words += f", the {_DIM_WORDS[lead]} group spans {max(g.hosts or 0 for g in spanning)} hosts"
+    return by_dim, words, bool(spanning)
 
 
 class _Group(msgspec.Struct):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+import statistics
+from collections import Counter, defaultdict
 
 import msgspec
 
@@ -13,6 +14,8 @@ from rules.base import Rule
 
 class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
+    # The same rank late in more than this share of the steps with waits is a persistent straggler.
+    persistent_share: float = 0.5
 
 
 class Stragglers(Rule[Params]):
@@ -31,6 +34,13 @@ class Stragglers(Rule[Params]):
     (`nvidia-smi -q -d PERFORMANCE`; on AMD `amd-smi metric`), a slower NIC or PCIe link, a CPU-bound data loader or
     noisy neighbour on that node — and replace or drain it; rebalance uneven work (pipeline
     stages, sequence lengths).
+
+    Why a rank is late (`details.pattern`): the rank the others waited for most in each step
+    (`late_by_step`); `persistent` when one rank is it in most steps (hardware, its host, a slow
+    link: drain it), `rotating` when it changes from step to step (data-dependent work). Rotating
+    with expert-parallel groups is MoE routing imbalance — the late rank's GEMM time per step against
+    the others' median (`matmul_vs_median_by_step`) is the excess work its experts got — and the fix
+    is load balancing (aux loss, capacity factor, token dropping), not draining a node.
     """
 
     code = "MFU005"
@@ -66,9 +76,59 @@ class Stragglers(Rule[Params]):
         advice = (f"inspect rank(s) {', '.join(map(str, culprits))}: GPU throttling ({run.vendor.smi}), "
                   "slow NIC/PCIe, a CPU-bound loader or noisy neighbour on that host; drain or replace it, "
                   "or rebalance uneven work")
+        late_by_step = _late_by_step(run)
+        pattern = _pattern(late_by_step, self.params.persistent_share)
+        moe = run.mesh is not None and run.mesh.dims.get("ep", 1) > 1
+        if pattern == "rotating":
+            order = ", ".join(str(r) for r in late_by_step.values())
+            summary += f"; the late rank rotates from step to step ({order})"
+            advice = (ROTATING_MOE if moe else ROTATING) + f" (late by step: {order})"
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("straggler"), culprits, steps,
             [e for r in culprits for e in evidence[r][:10]], advice, summary, run.what_if(frac),
-            {"waited_for_s": {str(r): w for r, w in ranked}, "last_arrivals": {str(r): n for r, n in last_count.items()}},
+            {"waited_for_s": {str(r): w for r, w in ranked}, "last_arrivals": {str(r): n for r, n in last_count.items()},
+             "pattern": pattern, "late_by_step": {str(s): r for s, r in late_by_step.items()},
+             "matmul_vs_median_by_step": _matmul_vs_median(run, late_by_step)},
             bucket="straggler", recoverable_fraction=frac,   # a healthy late rank arrives with the rest
         )]
+
+
+ROTATING = ("the late rank changes from step to step: uneven work, not a slow GPU — balance it (pack or bucket "
+            "sequences by length, even out data-dependent work per rank); draining a node will not help")
+ROTATING_MOE = ("the late rank changes from step to step and the run has expert-parallel groups: MoE routing "
+                "imbalance, not a slow GPU — balance the experts' load (auxiliary load-balancing loss, "
+                "--moe-aux-loss-coeff; a capacity factor with token dropping, --moe-expert-capacity-factor; "
+                "aux-loss-free bias balancing, --moe-router-enable-expert-bias); draining a node will not help")
+
+
+def _late_by_step(run: RunContext) -> dict[int, int]:
+    """Per step, the rank the others waited for longest in it (ties: the lowest rank)."""
+    waited: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for mt in run.matched:
+        if mt.last_rank is not None and mt.wait_ns > 0 and mt.call.step is not None:
+            waited[mt.call.step][mt.last_rank] += mt.wait_ns
+    return {s: min(w, key=lambda r: (-w[r], r)) for s, w in sorted(waited.items())}
+
+
+def _pattern(late_by_step: dict[int, int], persistent_share: float) -> str | None:
+    """persistent | rotating; None with fewer than two steps to compare."""
+    if len(late_by_step) < 2:
+        return None
+    most = max(Counter(late_by_step.values()).values())
+    return "persistent" if most / len(late_by_step) > persistent_share else "rotating"
+
+
+def _matmul_vs_median(run: RunContext, late_by_step: dict[int, int]) -> dict[str, float]:
+    """Per step, the late rank's GEMM/attention kernel time ÷ the median of the other ranks': above 1,
+    its matmuls took longer (in MoE with a rotating late rank, more tokens routed to its experts)."""
+    rank_of = {r.file_id: r.rank for r in run.ranks}
+    by_step: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for (fid, _), st in run.states.items():
+        by_step[st.step][rank_of[fid]] += st.matmul_ns
+    out = {}
+    for step, late in late_by_step.items():
+        ns = by_step.get(step, {})
+        others = [v for r, v in ns.items() if r != late]
+        if late in ns and others and statistics.median(others) > 0:
+            out[str(step)] = ns[late] / statistics.median(others)
+    return out

@@ -16,6 +16,7 @@ from rules.MFU010_host_bound import HostBound
 from rules.MFU011_copies import Copies
 from rules.MFU012_unfused_elementwise import UnfusedElementwise
 from rules.MFU013_idle import Idle
+from rules.MFU014_parallel_layout import ParallelLayout
 
 RULES: tuple[type[Rule[Any]], ...] = (
     ExposedCollectives,
@@ -31,6 +32,7 @@ RULES: tuple[type[Rule[Any]], ...] = (
     Copies,
     UnfusedElementwise,
     Idle,
+    ParallelLayout,
 )
 
 __all__ = ["RULES", "Rule"]

@@ -271,3 +271,18 @@ def _sharding(groups: Sequence[MeshGroup], accs: Mapping[str, _Acc]) -> str | No
 
 def _name_key(name: str) -> tuple[int, str]:
     return (int(name), "") if name.isdigit() else (1 << 62, name)
+
+
+def exposed_by_dim(mesh: Mesh | None, matched: Iterable[Matched],
+                   exposed_ns: Mapping[tuple[int, int], int]) -> dict[tuple[str, str], int]:
+    """Exposed transfer time (ns, all ranks and steps) by (dimension of the call's group, collective
+    kind); point-to-point is left out: its exposed time is the pipeline's (MFU002)."""
+    out: Counter[tuple[str, str]] = Counter()
+    for m in matched:
+        c = m.call
+        if c.collective == "sendrecv":
+            continue
+        ns = exposed_ns.get((c.file_id, c.act), 0)
+        if ns > 0:
+            out[(mesh.dim_of(c.pg_name) if mesh else "other", normalize_collective(c.collective) or c.collective)] += ns
+    return dict(out)

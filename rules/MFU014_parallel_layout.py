@@ -1,0 +1,97 @@
+"""MFU014 parallel-layout."""
+
+from __future__ import annotations
+
+import msgspec
+
+from diag.attribution.analysis import Finding, RunContext, severity
+from diag.attribution.mesh import exposed_by_dim
+from diag.knowledge.links import LINKS
+from rules.base import Rule
+
+
+class Params(msgspec.Struct, frozen=True):
+    # Under 1% of the step a group on the network costs less than the noise of the ledger.
+    min_fraction: float = 0.01
+
+
+# The dimensions whose traffic sits on the critical path of every layer: on the network they cannot
+# hide, whatever the overlap. Data parallelism and pipelines span nodes by design.
+_LAYER_DIMS = ("tp", "cp", "ep")
+_WORDS = {"tp": "tensor-parallel", "cp": "context-parallel", "ep": "expert-parallel"}
+_KNOB = {
+    "tp": "--tensor-model-parallel-size at most the GPUs per node, TP fastest in the rank order "
+          "(Megatron's default order tp-cp-ep-dp-pp; DeviceMesh: tp the last, innermost dimension)",
+    "cp": "--context-parallel-size so that tp·cp fits a node, or --cp-comm-type a2a+p2p (hierarchical: "
+          "all-to-all inside the node, p2p across)",
+    "ep": "--expert-model-parallel-size at most the GPUs per node (or tp·ep when experts are tensor-parallel), "
+          "or DeepEP's internode kernels with --moe-token-dispatcher-type flex",
+}
+
+
+class ParallelLayout(Rule[Params]):
+    """A tensor-, context- or expert-parallel group that spans hosts.
+
+    What it finds: from the inferred mesh (diag/attribution/mesh.py: each process group's dimension,
+    its ranks and the hosts they are on), a TP, CP or EP group whose ranks are on more than one host,
+    and the exposed communication of that dimension (the share of MFU001's exposed transfer time on
+    groups of that dimension). One finding per dimension, naming its widest group.
+
+    Why it costs MFU: these groups talk inside every layer, forward and backward; NVLink carries
+    450 GB/s per H100, an NDR InfiniBand NIC 50 GB/s, so the same all-reduce or all-to-all takes about
+    nine times as long once its ring leaves the node, and the next layer waits for it. The recoverable
+    part is the exposed time less what the bytes would take on NVLink (1 − 50/450 of it).
+
+    What to do: lay the mesh out so that the dimension fits a node — `--tensor-model-parallel-size`
+    (or CP, EP) at most the GPUs per node, and that dimension fastest in the rank order; for MoE across
+    nodes, DeepEP's internode kernels; for context parallelism, the hierarchical a2a+p2p.
+    """
+
+    code = "MFU014"
+    slug = "parallel-layout"
+    bucket = "exposed_comm"
+    Params = Params
+
+    def findings(self, run: RunContext) -> list[Finding]:
+        mesh = run.mesh
+        spanning = mesh.spanning(_LAYER_DIMS) if mesh is not None else []
+        if mesh is None or not spanning:
+            return []
+        frac = run.mean_fraction("exposed_comm")
+        ns = exposed_by_dim(mesh, run.matched, run.exposed_ns)
+        total = sum(ns.values())
+        nvlink = run.peak.nvlink_gbps or LINKS["nvlink4"].gbps
+        # The bytes at the network's bandwidth instead of NVLink's: all but network ÷ NVLink of the time.
+        saved = 1 - LINKS["ib-ndr"].gbps / nvlink
+        out = []
+        for dim in _LAYER_DIMS:
+            groups = [g for g in spanning if g.dim == dim]
+            if not groups:
+                continue
+            exposed = frac * sum(v for (d, _), v in ns.items() if d == dim) / total if total else 0.0
+            if exposed < self.params.min_fraction:
+                continue
+            widest = max(groups, key=lambda g: (g.hosts or 0, g.size or 0))
+            ranks, steps = run.involved("exposed_comm", 0.0)
+            members = sorted({r for g in groups for r in g.ranks or ()})
+            summary = (f"{_WORDS[dim]} group {widest.name} ({widest.desc or 'no description'}, {widest.size} ranks) "
+                       f"spans {widest.hosts} hosts ({len(groups)} such group(s)): its traffic runs on the network, "
+                       f"and the {_WORDS[dim]} collectives leave {exposed:.1%} of the step exposed")
+            advice = f"fit each {_WORDS[dim]} group in a node: {_KNOB[dim]}"
+            names = {g.name for g in groups}
+            evidence = list(dict.fromkeys(
+                f"coll:{m.instance}" for m in run.matched
+                if m.call.pg_name in names and run.exposed_ns.get((m.call.file_id, m.call.act), 0) > 0))[:10]
+            out.append(Finding(
+                self.code, self.slug, severity(exposed * 100), exposed, exposed * _mean_step_s(run), members or ranks,
+                steps, evidence, advice, summary, run.what_if(exposed * saved),
+                {"dim": dim, "group": widest.name, "group_desc": widest.desc, "group_size": widest.size,
+                 "hosts": widest.hosts, "groups_spanning": len(groups), "exposed_fraction": exposed,
+                 "knob": _KNOB[dim], "gpus_per_host": mesh.gpus_per_host},
+                bucket="exposed_comm", recoverable_fraction=exposed * saved,
+            ))
+        return out
+
+
+def _mean_step_s(run: RunContext) -> float:
+    return sum(lg.window_s for lg in run.ledgers) / len(run.ledgers) if run.ledgers else 0.0
