@@ -105,6 +105,24 @@ def test_expected_findings(run: Run) -> None:
         assert all(f["mfu_points"] <= 5 for f in run.report["findings"] if f["code"] in CAUSES), codes
 
 
+def test_expected_parallelism(run: Run) -> None:
+    """The mesh expected.yml states (the generator's layout): each dimension's degree, the dimension
+    MFU001's by_dim names first, the dimensions whose groups span hosts; and MFU005's pattern."""
+    want = run.expected.get("parallelism")
+    if want:
+        got = run.report["parallelism"]
+        assert got["dims"] == want["dims"], run.case
+        assert set(got["certain"]) == set(want["dims"]), run.case   # every rank's pg_config lists its groups
+        by_dim = next(f["details"]["by_dim"] for f in run.report["findings"] if f["code"] == "MFU001")
+        assert next(iter(by_dim)) == want["by_dim_top"], by_dim
+        assert sorted({g["dim"] for g in got["groups"] if (g["hosts"] or 0) > 1} & {"tp", "cp", "ep"}) == \
+            want["spanning"]
+    pattern = run.expected.get("straggler_pattern")
+    if pattern:
+        late = next(f for f in run.report["findings"] if f["code"] == "MFU005")
+        assert late["details"]["pattern"] == pattern, late["details"]["late_by_step"]
+
+
 # The rules that name a cause of lost time outside the compute kernels' own speed.
 CAUSES = ("MFU001", "MFU002", "MFU003", "MFU004", "MFU005", "MFU006")
 

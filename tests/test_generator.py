@@ -21,14 +21,24 @@ import pytest
 import yaml
 
 from fixtures.generate import generate, main
-from fixtures.scenarios import CASES_DIR, Scenario, case_names, load_case, read_case_file
+from fixtures.scenarios import (
+    CASES_DIR,
+    Scenario,
+    case_names,
+    load_case,
+    process_groups,
+    read_case_file,
+    spans_hosts,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:
     import tomli as tomllib
 
-CODES = tuple(f"MFU{i:03d}" for i in range(1, 14))
+CODES = tuple(f"MFU{i:03d}" for i in range(1, 15))
+# MFU014 fires on a tensor-, context- or expert-parallel group spanning hosts: a fact of the layout.
+LAYER_GROUPS = ("TENSOR_MODEL_PARALLEL_GROUP", "EXPERT_MODEL_PARALLEL_GROUP")
 CODE_BUCKET = {
     "MFU001": "exposed_comm", "MFU002": "pipeline_bubble", "MFU003": "thin_gemm",
     "MFU004": "recompute", "MFU005": "straggler", "MFU006": "dataloader",
@@ -101,7 +111,9 @@ def test_files_have_kineto_form(run: Run) -> None:
         assert trace["schemaVersion"] == 1 and trace["displayTimeUnit"] == "ms"
         assert isinstance(trace["baseTimeNanoseconds"], int)
         assert trace["traceName"] == run.files[rank].name
-        dev = trace["deviceProperties"][rank % 8]
+        # deviceProperties lists the host's GPUs (the mesh counts hosts by them), this rank's among them.
+        assert len(trace["deviceProperties"]) == s.gpus_per_node
+        dev = trace["deviceProperties"][rank % s.gpus_per_node]
         assert (dev["name"], dev["numSms"], dev["totalGlobalMem"], dev["computeMajor"]) == (
             "NVIDIA H100 80GB HBM3", 132, 85045379072, 9)
         info = trace["distributedInfo"]
@@ -301,11 +313,11 @@ def launcher(run: Run, rank: int, kernel: Event) -> dict[str, Any]:
 
 
 def collective_kernels(run: Run) -> Iterator[tuple[tuple[str, int], int, int, int]]:
-    """(pg, Seq), rank, start and end on rank 0's clock, for every all-reduce kernel."""
+    """(pg, Seq), rank, start and end on rank 0's clock, for every all-reduce and all-to-all kernel."""
     for rank in run.traces:
         offset = run.rank_truth(rank)["clock_offset_ns"]
         for e in run.events(rank):
-            if e["ph"] == "X" and e["cat"] == "kernel" and e["name"].startswith("ncclDevKernel_AllReduce"):
+            if e["ph"] == "X" and e["cat"] == "kernel" and e["args"].get("Collective name") in ("allreduce", "all_to_all"):
                 start = ns(e["ts"]) + offset
                 yield (e["args"]["Process Group Name"], launcher(run, rank, e)["Seq"]), rank, start, start + ns(e["dur"])
 
@@ -339,7 +351,7 @@ def test_send_recv_pairs_end_together(run: Run) -> None:
     for rank in run.traces:
         offset = run.rank_truth(rank)["clock_offset_ns"]
         for e in run.events(rank):
-            if e["ph"] == "X" and e["cat"] == "kernel" and e["name"].startswith("ncclDevKernel_SendRecv"):
+            if e["ph"] == "X" and e["cat"] == "kernel" and e["args"].get("Collective name") in ("send", "recv"):
                 a = launcher(run, rank, e)
                 pair = (rank, a["Dst Rank"], "send") if "Dst Rank" in a else (a["Src Rank"], rank, "recv")
                 ends[pair].append(ns(e["ts"]) + ns(e["dur"]) + offset)
@@ -392,6 +404,9 @@ def test_expected_findings_agree_with_truth(run: Run) -> None:
             assert wrong_peak == (code in fire)
         elif code == "MFU008":
             assert roofline_ratio(run) >= 3.0 if code in fire else roofline_ratio(run) < 1.5
+        elif code == "MFU014":
+            spanning = any(spans_hosts(s, g) for g in process_groups(s) if g.desc in LAYER_GROUPS)
+            assert spanning == (code in fire)
         else:
             frac = mean_fraction(run, CODE_BUCKET[code])
             assert frac >= FIRES_AT if code in fire else frac < QUIET_BELOW, f"{code}: {frac:.4f}"
