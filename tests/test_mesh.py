@@ -1,0 +1,195 @@
+"""The parallel layout (diag/attribution/mesh.py): the group-name table row by row, the inference on
+hand-made collectives (traffic, sharding, certainty), figures derived by hand on a generated run, and
+a real DeviceMesh capture on gloo."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from diag.api import analyze_path
+from diag.attribution.mesh import Mesh, infer
+from diag.engine.run import AnalyzeOptions
+from diag.knowledge.process_groups import named, rows
+from diag.timeline.collectives import Call, Matched
+from fixtures.generate import generate
+
+# ---- the table ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", rows(), ids=lambda r: r.example)
+def test_every_row_names_its_own_example(row: object) -> None:
+    assert named(row.example) is row  # type: ignore[attr-defined]
+
+
+def test_undescribed_groups_are_left_to_their_traffic() -> None:
+    assert named("undefined") is None and named("") is None and named(None) is None
+    assert named("mesh_dp_shard_cp").dim == "other"  # type: ignore[union-attr]
+
+
+# ---- the inference on hand-made calls ------------------------------------------------------------
+
+def calls(pg: str, desc: str | None, ranks: Iterable[int], kinds: Iterable[tuple[str, int]],
+          steps: int = 2, nbytes: int = 1 << 20) -> list[Matched]:
+    """Each rank of the group runs the collectives (kind, start ns within the step) in each step."""
+    ranks = tuple(ranks)
+    text = ",".join(map(str, ranks))
+    out = []
+    for r in ranks:
+        for step in range(steps):
+            for i, (kind, ts) in enumerate(kinds):
+                t = step * 1_000_000 + ts
+                c = Call(r, r, 0, i, step, pg, desc, kind, None, len(ranks), text, nbytes, "BFloat16", t, t + 100)
+                out.append(Matched(c, i, f"{pg}|{step}|{i}", 0, None, len(ranks)))
+    return out
+
+
+def mesh(matched: list[Matched], world: int, configs: Iterable[object] = (), gpn: int | None = 8) -> Mesh:
+    return infer(configs, matched, world, [gpn], host_timeline=False)
+
+
+def test_fsdp_on_the_default_group_gathers_before_its_gradients() -> None:
+    m = mesh(calls("0", "default_pg", range(8), [("allgather", 10), ("allgather", 20), ("reducescatter", 500)]), 8)
+    assert m.dim_of("0") == "fsdp" and m.sharding == "fsdp"
+    assert m.dims == {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 1}
+
+
+def test_zero2_and_zero1_gather_after_the_gradients() -> None:
+    tp = [x for d in range(2) for x in calls(f"t{d}", "TENSOR_MODEL_PARALLEL_GROUP", range(4 * d, 4 * d + 4),
+                                             [("allreduce", 5)])]
+    dp = [x for t in range(4) for x in calls(f"d{t}", "DATA_PARALLEL_GROUP", (t, t + 4),
+                                             [("reducescatter", 500), ("allgather", 900)])]
+    m = mesh(tp + dp, 8)
+    assert (m.dims["tp"], m.dims["dp"], m.sharding) == (4, 2, "zero2")
+    assert m.dim_of("d0") == "dp" and m.dim_of("t1") == "tp"
+    dp1 = [x for t in range(4) for x in calls(f"d{t}", "DATA_PARALLEL_GROUP", (t, t + 4),
+                                              [("allreduce", 500), ("allgather", 900)])]
+    assert mesh(tp + dp1, 8).sharding == "zero1"
+
+
+def test_hsdp_from_a_two_dimensional_device_mesh() -> None:
+    config = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 16, "ranks": list(range(16))},
+              {"pg_name": "1", "pg_desc": "mesh_dp_replicate", "pg_size": 2, "ranks": [0, 8]},
+              {"pg_name": "2", "pg_desc": "mesh_dp_shard", "pg_size": 8, "ranks": list(range(8))}]
+    m = mesh([], 16, [config])
+    assert m.sharding == "hsdp" and m.dims["dp"] == 16
+    assert [(g.name, g.dim, g.hosts, g.link) for g in m.groups] == [
+        ("2", "fsdp", 1, "intra-node"), ("1", "dp", 2, "network"), ("0", "world", 2, "network")]
+
+
+def test_undescribed_groups_by_their_traffic() -> None:
+    tp = calls("5", "undefined", range(4), [("allreduce", 5), ("allreduce", 50)])
+    dp = calls("6", "undefined", (0, 4), [("allreduce", 900)])
+    ep = calls("7", None, (0, 1, 2, 3), [("alltoall", 10), ("alltoall", 60)])
+    pp = calls("8", "undefined", (0, 8), [("sendrecv", 10), ("sendrecv", 20)])   # collectives.py's name for send, recv
+    m = mesh(tp + dp + ep + pp, 16)
+    assert [m.dim_of(n) for n in "5678"] == ["tp", "dp", "ep", "pp"]
+    # Decided by traffic alone: nothing in the trace settles any degree.
+    assert m.certain == ()
+    assert m.dims == {"dp": 2, "tp": 4, "pp": 2, "cp": 1, "ep": 4}
+
+
+def test_a_rank_s_pg_config_settles_the_degrees_when_only_some_ranks_were_traced() -> None:
+    config = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 64, "ranks": list(range(64))},
+              {"pg_name": "3", "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP", "pg_size": 8, "ranks": list(range(8))},
+              {"pg_name": "2", "pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "pg_size": 2, "ranks": [0, 32]}]
+    m = mesh([], 64, [config])
+    assert m.dims == {"dp": 4, "tp": 8, "pp": 2, "cp": 1, "ep": 1}
+    assert set(m.certain) == {"dp", "tp", "pp", "cp", "ep"}
+    assert m.spanning(["tp"]) == [] and [g.name for g in m.spanning(["pp"])] == ["2"]
+
+
+def test_hosts_are_unknown_without_gpus() -> None:
+    config = [{"pg_name": "1", "pg_desc": "mesh_tp", "pg_size": 2, "ranks": [0, 1]}]
+    m = infer([config], [], 4, [None], host_timeline=True)
+    assert (m.groups[0].hosts, m.groups[0].link, m.gpus_per_host) == (None, None, None)
+    assert "hosts unknown" in m.how
+
+
+# ---- figures by hand on a generated run ---------------------------------------------------------
+
+def test_by_dim_is_the_tensor_parallel_kernel_time_over_the_step(tmp_path: Path) -> None:
+    """In tp_across_hosts the compute waits for every TP all-reduce and nothing runs beside it, so
+    the TP share of the step is the TP kernels' time over the step windows (their waits for a late
+    rank, a few µs of jitter a step, are inside the tolerance)."""
+    truth = generate("tp_across_hosts", tmp_path, steps=2)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    tp_ns = window_ns = 0
+    for r in truth.ranks:
+        doc = json.loads((tmp_path / r.file).read_text())
+        for st in r.steps:
+            window_ns += st.step_ns
+            for e in doc["traceEvents"]:
+                a = e.get("args") or {}
+                if e.get("cat") == "kernel" and a.get("Process Group Description") == "TENSOR_MODEL_PARALLEL_GROUP":
+                    start = round(e["ts"] * 1000)
+                    if st.window_start_ns <= start < st.window_end_ns:
+                        tp_ns += round(e["dur"] * 1000)
+    mfu001 = next(f for f in report["findings"] if f["code"] == "MFU001")
+    assert mfu001["details"]["by_dim"]["tp"] == pytest.approx(tp_ns / window_ns, abs=0.005)
+    assert sum(mfu001["details"]["by_dim"].values()) == pytest.approx(mfu001["lost_fraction"], rel=1e-9)
+    assert mfu001["summary"].startswith("tensor-parallel all-reduces: ")
+    layout = next(f for f in report["findings"] if f["code"] == "MFU014")
+    assert layout["details"]["exposed_fraction"] == mfu001["details"]["by_dim"]["tp"]
+    assert (layout["details"]["dim"], layout["details"]["hosts"]) == ("tp", 2)
+    # What NVLink would save: all but 50 of the 450 GB/s (IB NDR against NVLink 4, diag/knowledge/links.py).
+    assert layout["recoverable_fraction"] == pytest.approx(layout["lost_fraction"] * (1 - 50 / 450))
+
+
+# ---- a real capture: torch DeviceMesh on gloo ---------------------------------------------------
+
+MESH_JOB = textwrap.dedent("""
+    import os, sys
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    def worker(rank, out, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=4)
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        x = torch.ones(1024)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                dist.all_reduce(x, group=mesh.get_group("tp"))
+                dist.all_reduce(torch.ones(4096), group=mesh.get_group("dp"))
+                prof.step()
+        prof.export_chrome_trace(os.path.join(out, f"rank{rank}.json"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=4)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_a_device_mesh_capture_on_gloo_names_its_dimensions(tmp_path: Path) -> None:
+    """4 processes in a 2 × 2 DeviceMesh ("dp", "tp"): torch names the groups mesh_dp and mesh_tp in
+    each rank's distributedInfo.pg_config (a gloo capture has no collective fields), ~15 s here."""
+    pytest.importorskip("torch")
+    script = tmp_path / "mesh_job.py"
+    script.write_text(MESH_JOB)
+    out = tmp_path / "traces"
+    out.mkdir()
+    subprocess.run([sys.executable, str(script), str(out), str(_free_port())], check=True, timeout=240,
+                   capture_output=True)
+    _, report = analyze_path(str(out), None, AnalyzeOptions(), warn=False)
+    p = report["parallelism"]
+    assert p["dims"] == {"dp": 2, "tp": 2, "pp": 1, "cp": 1, "ep": 1}
+    assert set(p["certain"]) == {"dp", "tp", "pp", "cp", "ep"}
+    got = sorted((g["desc"], g["dim"], tuple(g["ranks"])) for g in p["groups"])
+    assert got == [("default_pg", "world", (0, 1, 2, 3)), ("mesh_dp", "dp", (0, 2)), ("mesh_dp", "dp", (1, 3)),
+                   ("mesh_tp", "tp", (0, 1)), ("mesh_tp", "tp", (2, 3))]
+    assert all(g["hosts"] is None for g in p["groups"])   # no GPUs: hosts are not counted
