@@ -195,3 +195,12 @@ def test_a_device_mesh_capture_on_gloo_names_its_dimensions(tmp_path: Path) -> N
     assert got == [("default_pg", "world", (0, 1, 2, 3)), ("mesh_dp", "dp", (0, 2)), ("mesh_dp", "dp", (1, 3)),
                    ("mesh_tp", "tp", (0, 1)), ("mesh_tp", "tp", (2, 3))]
     assert all(g["hosts"] is None for g in p["groups"])   # no GPUs: hosts are not counted
+
+
+def test_malformed_pg_config_is_read_as_far_as_it_goes() -> None:
+    """Odd entries (ranks as text, a size that is not a number, a config that is not JSON) give a
+    group without ranks or nothing, never a traceback."""
+    configs = [[{"pg_name": "1", "pg_desc": "mesh_tp", "pg_size": "2", "ranks": ["a", 1]}, {"no": "name"}, 7],
+               "{not json", {"2": {"desc": "mesh_dp", "ranks": "[0, 2]"}, "3": "x"}]
+    m = infer(configs, [], 4, [8], host_timeline=False)
+    assert [(g.name, g.dim, g.size, g.ranks) for g in m.groups] == [("1", "tp", None, None), ("2", "dp", 2, (0, 2))]

@@ -95,9 +95,11 @@ class _Acc(msgspec.Struct):
 
 
 def infer(pg_configs: Iterable[Any], matched: Sequence[Matched], world: int, gpus_per_host: Iterable[int | None],
-          host_timeline: bool, nccl_groups: Iterable[tuple[str, str | None, int | None]] = ()) -> Mesh:
-    """`pg_configs`: each traced rank's distributedInfo.pg_config (list or mapping, as written);
-    `nccl_groups`: (name, desc, size) of the groups Flight Recorder dumps name."""
+          host_timeline: bool, nccl_groups: Iterable[tuple[str, str | None, int | None]] = (),
+          config_ranks: int | None = None) -> Mesh:
+    """`pg_configs`: traced ranks' distributedInfo.pg_config (list or mapping, as written, or JSON text
+    of one; the engine passes the entries of all ranks made distinct as one list, and `config_ranks`,
+    how many ranks listed them); `nccl_groups`: (name, desc, size) of the groups Flight Recorder names."""
     groups: dict[str, _Acc] = defaultdict(_Acc)
     configs = 0
     for cfg in pg_configs:
@@ -119,6 +121,7 @@ def infer(pg_configs: Iterable[Any], matched: Sequence[Matched], world: int, gpu
             i = 0 if kind == "allgather" else 1
             cur = slot[i]
             slot[i] = c.ts_ns if cur is None else min(cur, c.ts_ns)
+    configs = configs if config_ranks is None else config_ranks
     per_host = sorted({g for g in gpus_per_host if g})
     gpn = per_host[-1] if per_host else None if host_timeline else DEFAULT_GPUS_PER_HOST
     judged = {name: _judge(name, acc, world, gpn) for name, acc in groups.items()}
@@ -150,9 +153,9 @@ def _read_config(cfg: Any, groups: dict[str, _Acc]) -> int:
         rows = [(str(k), r) for k, r in cfg.items() if isinstance(r, Mapping)]
     for name, r in rows:
         ranks = r.get("ranks")
-        parsed = _ranks_text(ranks) if isinstance(ranks, str) else \
-            tuple(int(x) for x in ranks) if isinstance(ranks, list) and ranks else None
-        size = r.get("pg_size") if isinstance(r.get("pg_size"), int) else None
+        parsed = _ranks_text(ranks) if isinstance(ranks, str) else tuple(ranks) \
+            if isinstance(ranks, list) and ranks and all(type(x) is int for x in ranks) else None
+        size = r.get("pg_size") if type(r.get("pg_size")) is int else None
         acc = groups[name]
         acc.listed = True
         _note(acc, r.get("pg_desc", r.get("desc")), size, parsed)

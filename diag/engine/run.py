@@ -266,14 +266,21 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
 def _mesh(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], matched: list[Matched], world: int,
           host: bool) -> Mesh:
     """The parallel layout (attribution/mesh.py) from each traced file's pg_config, the collectives and
-    the process groups Flight Recorder dumps name."""
-    ids = sorted({r.file_id for r in ranks})
-    configs = [c for (c,) in con.execute(
-        f"SELECT json_extract(distributed_info, '$.pg_config') FROM trace_files WHERE file_id IN ({store.id_set(ids)}) "
-        "AND distributed_info IS NOT NULL").fetchall() if c is not None]
+    the process groups Flight Recorder dumps name. Every rank lists the default group with all its
+    ranks: the entries are made distinct in DuckDB, so 10,000 ranks' lists are not parsed in Python."""
+    files = f"file_id IN ({store.id_set(sorted({r.file_id for r in ranks}))}) AND distributed_info IS NOT NULL"
+    entries = sorted(e for (e,) in con.execute(
+        f"SELECT DISTINCT CAST(unnest(json_extract(distributed_info, '$.pg_config[*]')) AS VARCHAR) FROM trace_files "
+        f"WHERE {files} AND json_type(distributed_info, '$.pg_config') = 'ARRAY'").fetchall())
+    listing, mappings = con.execute(
+        "SELECT count(*) FILTER (WHERE json_type(distributed_info, '$.pg_config') = 'ARRAY'), "
+        "list(json_extract(distributed_info, '$.pg_config')) FILTER (WHERE json_type(distributed_info, "
+        f"'$.pg_config') = 'OBJECT') FROM trace_files WHERE {files}").fetchall()[0]
     fr = con.execute("SELECT DISTINCT pg_name, pg_desc, n_ranks FROM nccl_ops WHERE source = 'flight_recorder' "
-                     "AND pg_name IS NOT NULL").fetchall()
-    return infer(configs, matched, world, (r.gpus_per_node for r in ranks), host, fr)
+                     "AND pg_name IS NOT NULL ORDER BY ALL").fetchall()
+    configs = [f"[{','.join(entries)}]", *(mappings or [])]
+    return infer(configs, matched, world, (r.gpus_per_node for r in ranks), host, fr,
+                 config_ranks=listing + len(mappings or []))
 
 
 def _take_out_waits(exposed: dict[tuple[int, int], int], ranks: list[RankDigest], matched: list[Matched]) -> None:
