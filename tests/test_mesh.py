@@ -18,6 +18,7 @@ from diag.api import analyze_path
 from diag.attribution.mesh import Mesh, infer
 from diag.engine.run import AnalyzeOptions
 from diag.knowledge.process_groups import named, rows
+from diag.outputs.report import mesh_rows
 from diag.timeline.collectives import Call, Matched
 from fixtures.generate import generate
 
@@ -133,6 +134,7 @@ def test_by_dim_is_the_tensor_parallel_kernel_time_over_the_step(tmp_path: Path)
                     if st.window_start_ns <= start < st.window_end_ns:
                         tp_ns += round(e["dur"] * 1000)
     mfu001 = next(f for f in report["findings"] if f["code"] == "MFU001")
+    by_dim = mfu001["details"]["by_dim"]
     assert mfu001["details"]["by_dim"]["tp"] == pytest.approx(tp_ns / window_ns, abs=0.005)
     assert sum(mfu001["details"]["by_dim"].values()) == pytest.approx(mfu001["lost_fraction"], rel=1e-9)
     assert mfu001["summary"].startswith("tensor-parallel all-reduces: ")
@@ -141,6 +143,11 @@ def test_by_dim_is_the_tensor_parallel_kernel_time_over_the_step(tmp_path: Path)
     assert (layout["details"]["dim"], layout["details"]["hosts"]) == ("tp", 2)
     # What NVLink would save: all but 50 of the 450 GB/s (IB NDR against NVLink 4, diag/knowledge/links.py).
     assert layout["recoverable_fraction"] == pytest.approx(layout["lost_fraction"] * (1 - 50 / 450))
+    # The HTML report's mesh table: one row per kind of group, with MFU001's points for its dimension.
+    assert mesh_rows(report) == [
+        ["tp", "TENSOR_MODEL_PARALLEL_GROUP", "2", "8", "2", "network", f"{by_dim['tp'] * 100:.1f}"],
+        ["dp", "DATA_PARALLEL_GROUP", "8", "2", "2", "network", f"{by_dim['dp'] * 100:.1f}"],
+        ["world", "default_pg", "1", "16", "4", "network", ""]]
 
 
 # ---- a real capture: torch DeviceMesh on gloo ---------------------------------------------------

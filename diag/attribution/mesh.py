@@ -131,7 +131,7 @@ def infer(pg_configs: Iterable[Any], matched: Sequence[Matched], world: int, gpu
     dims, certain = _degrees(out, world, configs > 0)
     how = (f"groups from {'distributedInfo.pg_config of ' + str(configs) + ' rank(s) and ' if configs else ''}"
            f"{len(matched)} collective calls' process-group fields; dimension by the group's description "
-           f"({TABLE}), else by its traffic; ")
+           f"(diag/knowledge/{TABLE}), else by its traffic; ")
     how += (f"hosts as rank ÷ {gpn} GPUs per host" + (" (deviceProperties)" if per_host else
                                                       " (assumed: no deviceProperties)")) if gpn else \
         "hosts unknown (no GPUs in the trace)"

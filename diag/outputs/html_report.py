@@ -18,7 +18,7 @@ from diag.attribution.what_if import what_if_words
 from diag.engine.run import Analysis
 from diag.knowledge import kernels
 from diag.outputs.evidence import resolve
-from diag.outputs.report import UNSPLIT, _header, _of, _waterfall, unsplit_points
+from diag.outputs.report import MESH_HEADER, UNSPLIT, _header, _of, _waterfall, mesh_rows, unsplit_points
 from diag.runtime.durations import number, percent, signed_percent
 from diag.runtime.sanitize import html_text
 
@@ -63,6 +63,7 @@ def render_html(report: dict[str, Any], a: Analysis, con: duckdb.DuckDBPyConnect
         waterfall_svg(report),
         "<h2>Ranks × steps</h2>", _heatmaps(a),
         "<h2>Findings</h2>", _findings(report, con),
+        *_mesh(report),
         "<h2>Top kernels by time</h2>", _kernels(con),
     ]
     if report["notes"]:
@@ -237,6 +238,19 @@ def _evidence(con: duckdb.DuckDBPyConnection, evidence_id: str) -> str:
     if place.name:
         label = label.replace(place.name, kernels.short(place.name, EVIDENCE_NAME_WIDTH))
     return f'<li title="{html_text(evidence_id)}: {html_text(place.label)}">{html_text(label)}</li>'
+
+
+def _mesh(r: dict[str, Any]) -> list[str]:
+    """The parallel layout's groups (report.mesh_rows), where the trace names any."""
+    rows = mesh_rows(r)
+    if not rows:
+        return []
+    p = r["parallelism"]
+    dims = " × ".join(f"{d} {n}" for d, n in p["dims"].items() if n > 1) or "one rank per group"
+    return ["<h2>The mesh</h2>",
+            f'<p class="muted">{escape(dims)}; sharding {escape(p["sharding"] or "unknown")}; '
+            f'certain: {escape(", ".join(p["certain"]) or "none")}. {escape(p["how"])}</p>',
+            table(MESH_HEADER, rows, frozenset({2, 3, 4, 6}))]
 
 
 def top_kernels(con: duckdb.DuckDBPyConnection, n: int = TOP_KERNELS) -> list[tuple[Any, ...]]:

@@ -86,6 +86,25 @@ def build_report(a: Analysis) -> dict[str, Any]:
     }
 
 
+MESH_HEADER = ["dimension", "description", "groups", "size", "hosts", "link", "exposed (MFU pts)"]
+
+
+def mesh_rows(r: dict[str, Any]) -> list[list[str]]:
+    """The report's process groups as a table (HTML, TUI): one row per dimension, description, size,
+    hosts and link, with how many groups share it and MFU001's exposed points for that dimension."""
+    p = r.get("parallelism") or {}
+    by_dim = next((f["details"].get("by_dim") or {} for f in r["findings"] if f["code"] == "MFU001"), {})
+    count: dict[tuple[str, str, str, str, str], int] = defaultdict(int)
+    for g in p.get("groups") or []:
+        count[(g["dim"], g["desc"] or "", _text(g["size"]), _text(g["hosts"]), g["link"] or "unknown")] += 1
+    return [[dim, desc, str(n), size, hosts, link, f"{by_dim[dim] * 100:.1f}" if dim in by_dim else ""]
+            for (dim, desc, size, hosts, link), n in count.items()]
+
+
+def _text(x: object) -> str:
+    return "?" if x is None else str(x)
+
+
 def _ratio(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
