@@ -179,3 +179,23 @@ def test_hta_loads_the_export(demo: Path, tmp_path: Path) -> None:
     want = Counter((e["pid"], e.get("cat")) for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") != "Trace")
     assert got == want
     assert {c for _, c in got} >= {"kernel", "cpu_op", "cuda_runtime", "diag.ledger", "diag.steps"}
+
+
+def test_a_track_per_process_group(tmp_path: Path) -> None:
+    """moe_rotating: each rank's collectives on a track per group it belongs to, named with the group's
+    dimension (the expert-parallel group first, then the default group carrying the gradients), one
+    slice per call, as many as the store's collectives of that rank and group."""
+    generate("moe_rotating", tmp_path / "run", steps=2)
+    db = tmp_path / "run.duckdb"
+    doc, _ = export(tmp_path / "run", tmp_path / "moe.json", "--db", str(db))
+    events = check_chrome_trace(doc)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert names[(0, 6)] == "diag.pg 1 (ep, EXPERT_MODEL_PARALLEL_GROUP)"
+    assert names[(5, 6)] == "diag.pg 2 (ep, EXPERT_MODEL_PARALLEL_GROUP)"
+    assert names[(5, 7)] == "diag.pg 0 (dp, default_pg)"
+    slices = Counter((e["pid"], e["args"]["pg"]) for e in events if e.get("cat") == "diag.pg")
+    con = duckdb.connect(str(db), read_only=True)
+    stored = dict(((r, pg), n) for r, pg, n in con.execute(
+        "SELECT rank, pg_name, count(*) FROM collectives GROUP BY ALL").fetchall())
+    con.close()
+    assert dict(slices) == stored

@@ -28,7 +28,7 @@ from diag.timeline.collectives import Matched
 
 # Dimensions in the report's order; `dims` gives the degree of the first five.
 DEGREES = ("dp", "tp", "pp", "cp", "ep")
-_ORDER = {d: i for i, d in enumerate(("tp", "cp", "ep", "pp", "fsdp", "dp", "world", "other"))}
+DIM_ORDER = {d: i for i, d in enumerate(("tp", "cp", "ep", "pp", "fsdp", "dp", "world", "other"))}
 DEFAULT_GPUS_PER_HOST = 8   # an HGX/DGX node; MFU001 assumes the same where deviceProperties is missing
 MAX_GROUPS = 64             # rows of the report's table; a 1,000-GPU job has hundreds of groups
 _GRADIENT = ("reducescatter", "allreduce")
@@ -127,7 +127,7 @@ def infer(pg_configs: Iterable[Any], matched: Sequence[Matched], world: int, gpu
     judged = {name: _judge(name, acc, world, gpn) for name, acc in groups.items()}
     _world_as_data_parallel(judged, groups, world)
     out = tuple(sorted((_group(name, acc, *judged[name], gpn) for name, acc in groups.items()),
-                       key=lambda g: (_ORDER[g.dim], g.size or 0, _name_key(g.name))))
+                       key=lambda g: (DIM_ORDER[g.dim], g.size or 0, _name_key(g.name))))
     dims, certain = _degrees(out, world, configs > 0)
     how = (f"groups from {'distributedInfo.pg_config of ' + str(configs) + ' rank(s) and ' if configs else ''}"
            f"{len(matched)} collective calls' process-group fields; dimension by the group's description "

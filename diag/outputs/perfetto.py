@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,10 +24,11 @@ import numpy as np
 from diag.attribution.critical_path import aligned_offsets
 from diag.attribution.digest import name_collectives
 from diag.attribution.ledger import BUCKETS
+from diag.attribution.mesh import DIM_ORDER, Mesh
 from diag.engine.run import Analysis
 from diag.runtime import store
 from diag.runtime.errors import BadInput
-from diag.timeline.collectives import wait_intervals
+from diag.timeline.collectives import Matched, wait_intervals
 from diag.timeline.rank import load_rank
 from diag.timeline.states import LANES, ledger_runs
 
@@ -34,6 +36,9 @@ from diag.timeline.states import LANES, ledger_runs
 LEDGER_TID, STEPS_TID, FINDINGS_TID, OTHER_TID, PATH_TID = 1, 2, 3, 4, 5
 TRACK_NAMES = {LEDGER_TID: "diag.ledger", STEPS_TID: "diag.steps", FINDINGS_TID: "diag.findings",
                OTHER_TID: "trace spans, counters & instants", PATH_TID: "diag.critical_path"}
+# A track per process group a rank's collectives ran on (attribution/mesh.py names its dimension):
+# the four tids left below the source threads; a rank with traffic on more groups shares the last.
+GROUP_TIDS = (6, 7, 8, 9)
 # A waiting rank's collective gets an arrow to the late rank's when it waited longer than this.
 MIN_FLOW_WAIT_NS = 10_000
 # Flow ids of the wait arrows, above the source flows' (file_id · 2^32 + n) range.
@@ -112,6 +117,10 @@ def export_perfetto(con: duckdb.DuckDBPyConnection, a: Analysis, report: dict[st
     con.execute(store.sql_text("export.sql"))
     waits = wait_intervals(run.matched)
     aligned = aligned_offsets(run)   # the critical path's clock: a rank no match links stays unshifted
+    by_rank: dict[int, list[Matched]] = defaultdict(list)
+    for m in run.matched:
+        if m.call.pg_name != "unknown" and (cut.steps is None or m.call.step in cut.steps):
+            by_rank[m.call.rank].append(m)
     with _open_out(out) as f:
         f.write('{"displayTimeUnit":"ns","otherData":')
         f.write(json.dumps({
@@ -134,6 +143,7 @@ def export_perfetto(con: duckdb.DuckDBPyConnection, a: Analysis, report: dict[st
             _steps_track(w, a, r, offset[r], origin, cut.steps)
             _findings_track(con, w, a, r, offset[r], origin, cut.steps)
             _path_track(con, w, r, offset[r] - aligned.get(r, 0), origin, cut.steps)
+            _group_tracks(w, run.mesh, r, by_rank.get(r, []), offset[r], origin)
         _wait_flows(con, w, set(ranks), offset, origin, cut.steps)
         f.write("\n]}\n")
     return w.n
@@ -206,6 +216,27 @@ def _ledger_track(con: duckdb.DuckDBPyConnection, w: _Writer, a: Analysis, waits
                 w.event({"ph": "X", "cat": "diag.ledger", "name": LANES[lane], "pid": rank, "tid": LEDGER_TID,
                          "ts": _us(s, offset, origin), "dur": (e - s) / 1000.0})
         del tl
+
+
+def _group_tracks(w: _Writer, mesh: Mesh | None, rank: int, calls: list[Matched], offset: int, origin: int) -> None:
+    """This rank's collective calls, a track per process group (`diag.pg <name> (<dim>, <desc>)`), each
+    call a slice with its instance, size and wait for the last rank."""
+    if not calls:
+        return
+    dim = mesh.dim_of if mesh is not None else (lambda _: "other")
+    names = sorted({m.call.pg_name for m in calls}, key=lambda n: (DIM_ORDER.get(dim(n), 99), len(n), n))
+    tid = {n: GROUP_TIDS[min(i, len(GROUP_TIDS) - 1)] for i, n in enumerate(names)}
+    desc = {m.call.pg_name: m.call.pg_desc for m in calls}
+    for i, n in enumerate(names[:len(GROUP_TIDS)]):
+        shared = i == len(GROUP_TIDS) - 1 and len(names) > len(GROUP_TIDS)
+        _thread(w, rank, GROUP_TIDS[i], f"diag.pg: {len(names) - i} more groups" if shared else
+                f"diag.pg {n} ({', '.join(x for x in (dim(n), desc[n]) if x)})")
+    for m in calls:
+        c = m.call
+        w.event({"ph": "X", "cat": "diag.pg", "name": c.collective, "pid": rank, "tid": tid[c.pg_name],
+                 "ts": _us(c.ts_ns, offset, origin), "dur": (c.end_ns - c.ts_ns) / 1000.0,
+                 "args": {"pg": c.pg_name, "dim": dim(c.pg_name), "instance": m.instance, "step": c.step,
+                          "msg_bytes": c.msg_bytes, "wait_us": m.wait_ns / 1000}})
 
 
 def _steps_track(w: _Writer, a: Analysis, rank: int, offset: int, origin: int, steps: frozenset[int] | None) -> None:
