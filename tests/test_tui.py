@@ -15,6 +15,7 @@ import functools
 import re
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable
 from textual.worker import WorkerCancelled
 
+from diag.api import analyze_path
 from diag.engine.run import AnalyzeOptions
 from diag.ingest.options import IngestOptions
 from diag.outputs import evidence
@@ -35,7 +37,7 @@ from tui.queries import CollectiveGroup, Spans
 from tui.raster import rasterize
 from tui.snapshot import Snapshot, link_for
 from tui.sources import PostMortem, Progress, Store
-from tui.views.collectives import Collectives
+from tui.views.collectives import Collectives, mesh_text
 from tui.views.findings import Findings
 from tui.views.help import HELP
 from tui.views.ranks import NO_OUTLIER
@@ -459,3 +461,16 @@ def test_a_ruler_label_is_never_cut_by_the_cursor() -> None:
         shown = re.findall(r"╵(\d+)(?=[ ╵▼]|$)", text)
         assert set(shown) <= set(labels), (cursor, text)      # each label whole or absent
         assert len(shown) >= len(labels) - 1
+def test_the_mesh_heads_the_collectives_beyond_data_parallel(loaded: Loaded, tmp_path: Path) -> None:
+    """A data-parallel run shows no mesh lines (the group table says it all); tensor parallelism
+    across hosts does, one line per kind of group, its link and MFU001's points for its dimension."""
+    assert mesh_text(loaded.snapshot.report) is None
+    generate("tp_across_hosts", tmp_path, steps=2)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    text = mesh_text(report)
+    assert text is not None
+    lines = text.plain.splitlines()
+    assert lines[0] == "mesh dp 2 × tp 8 · sharding none"
+    pts = next(f for f in report["findings"] if f["code"] == "MFU001")["details"]["by_dim"]["tp"] * 100
+    assert lines[1].split() == ["tp", "TENSOR_MODEL_PARALLEL_GROUP", "2", "×", "8", "2", "host(s)", "network",
+                                f"{pts:.1f}", "pts", "exposed"]

@@ -1,6 +1,10 @@
-"""Collectives by process group, collective and size; a group's instances: who waited, who was last."""
+"""Collectives by process group, collective and size; a group's instances: who waited, who was last.
+Above them, the mesh (the report's `parallelism`) where the run is more than data parallel."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -9,6 +13,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from diag.outputs.evidence import Place, fmt_bytes, pg_label
+from diag.outputs.report import mesh_rows
 from diag.runtime.sanitize import terminal
 from tui import queries
 from tui.queries import CollectiveGroup, CollectiveInstance, fmt_seconds
@@ -36,6 +41,24 @@ def link_cells(g: CollectiveGroup, link: LinkRef | None) -> tuple[Text, Text]:
     return bw, right(f"{share * 100:.0f}% {link.name}", style)
 
 
+def mesh_text(report: Mapping[str, Any] | None) -> Text | None:
+    """The mesh, one line per kind of process group (outputs.report.mesh_rows); None for a run that is
+    data parallel only (the group table below says all there is)."""
+    p = (report or {}).get("parallelism")
+    if not p or not (any(n > 1 for d, n in p["dims"].items() if d != "dp") or p["sharding"] not in (None, "none")):
+        return None
+    t = Text()
+    t.append("mesh ", style="bold")
+    t.append(" × ".join(f"{d} {n}" for d, n in p["dims"].items() if n > 1), style="bold")
+    t.append(f" · sharding {p['sharding'] or 'unknown'}", style="dim")
+    for dim, desc, groups, size, hosts, link, pts in mesh_rows(dict(report or {})):
+        t.append(f"\n  {dim:<6}{desc[:34]:<35}{groups:>4} × {size:<5} {hosts:>3} host(s) ")
+        t.append(f"{link:<11}", style="red" if link == "network" and dim in ("tp", "cp", "ep") else "")
+        if pts:
+            t.append(f" {pts} pts exposed", style="bold")
+    return t
+
+
 class Collectives(View):
     BINDINGS = [Binding("g", "go", "Timeline")]
 
@@ -47,6 +70,7 @@ class Collectives(View):
         self._key: tuple[str | None, str | None, int] | None = None
 
     def compose(self) -> ComposeResult:
+        yield Static(id="co-mesh")
         yield Static(id="co-head")
         yield DataTable(id="co-groups", cursor_type="row")
         yield Static(id="co-inst-head", classes="section")
@@ -68,6 +92,10 @@ class Collectives(View):
 
     def show(self, snap: Snapshot) -> None:
         self.snap = snap
+        mesh = self.query_one("#co-mesh", Static)
+        text = mesh_text(snap.report)
+        mesh.update(text or "")
+        mesh.display = text is not None
         t = self.query_one("#co-groups", DataTable)
         row = t.cursor_row
         t.clear()
