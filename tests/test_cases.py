@@ -117,6 +117,7 @@ def test_expected_parallelism(run: Run) -> None:
         assert next(iter(by_dim)) == want["by_dim_top"], by_dim
         assert sorted({g["dim"] for g in got["groups"] if (g["hosts"] or 0) > 1} & {"tp", "cp", "ep"}) == \
             want["spanning"]
+        assert got["sharding"] == want.get("sharding", "none"), run.case
     pattern = run.expected.get("straggler_pattern")
     if pattern:
         late = next(f for f in run.report["findings"] if f["code"] == "MFU005")

@@ -312,12 +312,16 @@ def launcher(run: Run, rank: int, kernel: Event) -> dict[str, Any]:
     return run.comm_ops[rank][kernel["args"]["External id"]]
 
 
+# c10d's names of the collectives the generator draws (record_param_comms "Collective name").
+COLLECTIVES = ("allreduce", "all_to_all", "_allgather_base", "_reduce_scatter_base")
+
+
 def collective_kernels(run: Run) -> Iterator[tuple[tuple[str, int], int, int, int]]:
-    """(pg, Seq), rank, start and end on rank 0's clock, for every all-reduce and all-to-all kernel."""
+    """(pg, Seq), rank, start and end on rank 0's clock, for every collective kernel."""
     for rank in run.traces:
         offset = run.rank_truth(rank)["clock_offset_ns"]
         for e in run.events(rank):
-            if e["ph"] == "X" and e["cat"] == "kernel" and e["args"].get("Collective name") in ("allreduce", "all_to_all"):
+            if e["ph"] == "X" and e["cat"] == "kernel" and e["args"].get("Collective name") in COLLECTIVES:
                 start = ns(e["ts"]) + offset
                 yield (e["args"]["Process Group Name"], launcher(run, rank, e)["Seq"]), rank, start, start + ns(e["dur"])
 

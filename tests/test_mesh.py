@@ -211,3 +211,20 @@ def test_malformed_pg_config_is_read_as_far_as_it_goes() -> None:
                "{not json", {"2": {"desc": "mesh_dp", "ranks": "[0, 2]"}, "3": "x"}]
     m = infer(configs, [], 4, [8], host_timeline=False)
     assert [(g.name, g.dim, g.size, g.ranks) for g in m.groups] == [("1", "tp", None, None), ("2", "dp", 2, (0, 2))]
+
+
+@pytest.mark.parametrize(("case", "exposed_gathers"), [("fsdp_no_prefetch", 4), ("fsdp_prefetch", 1)])
+def test_fsdp_all_gathers_exposed_with_and_without_prefetch(case: str, exposed_gathers: int, tmp_path: Path) -> None:
+    """A layer's all-gather moves S(p−1)/p of its 12·h² bf16 parameters at the ring's 100 GB/s, plus
+    NCCL's 5 µs: 12 · 1024² · 2 B · 7/8 ÷ 100 GB/s = 220.2 µs + 5 µs. Without prefetch the compute
+    waits for all 4 layers' all-gathers a step; with it only for the first, the others run beside the
+    layer before. The mesh reads FSDP from the traffic: the default group gathers before it reduces."""
+    generate(case, tmp_path, steps=2)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    assert report["parallelism"]["sharding"] == "fsdp"
+    assert [(g["name"], g["dim"]) for g in report["parallelism"]["groups"]] == [("0", "fsdp")]
+    mfu001 = next(f for f in report["findings"] if f["code"] == "MFU001")
+    gather = next(g for g in mfu001["details"]["groups"] if g["collective"] == "allgather")
+    one = (12 * 1024**2 * 2 * 7 / 8 / 100e9 + 5e-6) * 1e3   # ms
+    assert gather["exposed_ms_per_step"] == pytest.approx(exposed_gathers * one, rel=0.01)
+    assert mfu001["summary"].startswith("FSDP all-gathers: ") and "forward_prefetch=True" in mfu001["advice"]
