@@ -16,9 +16,11 @@ class Params(msgspec.Struct, frozen=True):
 
 
 # The dimensions whose traffic sits on the critical path of every layer: on the network they cannot
-# hide, whatever the overlap. Data parallelism and pipelines span nodes by design.
-_LAYER_DIMS = ("tp", "cp", "ep")
-_WORDS = {"tp": "tensor-parallel", "cp": "context-parallel", "ep": "expert-parallel"}
+# hide, whatever the overlap. Data parallelism and pipelines span nodes by design; FSDP's all-gathers
+# are per layer too, and an FSDP group larger than a host can shard inside it and replicate across
+# (HSDP), so they are judged as well where the run is not already HSDP.
+_LAYER_DIMS = ("tp", "cp", "ep", "fsdp")
+_WORDS = {"tp": "tensor-parallel", "cp": "context-parallel", "ep": "expert-parallel", "fsdp": "FSDP"}
 _KNOB = {
     "tp": "--tensor-model-parallel-size at most the GPUs per node, TP fastest in the rank order "
           "(Megatron's default order tp-cp-ep-dp-pp; DeviceMesh: tp the last, innermost dimension)",
@@ -26,16 +28,20 @@ _KNOB = {
           "all-to-all inside the node, p2p across)",
     "ep": "--expert-model-parallel-size at most the GPUs per node (or tp·ep when experts are tensor-parallel), "
           "or DeepEP's internode kernels with --moe-token-dispatcher-type flex",
+    "fsdp": "HSDP: shard within a node and replicate across nodes (FSDP ShardingStrategy.HYBRID_SHARD, or "
+            "fully_shard over a 2-D DeviceMesh (replicate, shard) with shard = the GPUs per node), so the "
+            "all-gathers stay on NVLink and only the gradient all-reduce crosses the network",
 }
 
 
 class ParallelLayout(Rule[Params]):
-    """A tensor-, context- or expert-parallel group that spans hosts.
+    """A tensor-, context- or expert-parallel group that spans hosts, or an FSDP group that could be HSDP.
 
     What it finds: from the inferred mesh (diag/attribution/mesh.py: each process group's dimension,
     its ranks and the hosts they are on), a TP, CP or EP group whose ranks are on more than one host,
     and the exposed communication of that dimension (the share of MFU001's exposed transfer time on
-    groups of that dimension). One finding per dimension, naming its widest group.
+    groups of that dimension); likewise an FSDP group spanning hosts in a run that is not HSDP (its
+    all-gathers could stay inside a node). One finding per dimension, naming its widest group.
 
     Why it costs MFU: these groups talk inside every layer, forward and backward; NVLink carries
     450 GB/s per H100, an NDR InfiniBand NIC 50 GB/s, so the same all-reduce or all-to-all takes about
@@ -44,7 +50,8 @@ class ParallelLayout(Rule[Params]):
 
     What to do: lay the mesh out so that the dimension fits a node — `--tensor-model-parallel-size`
     (or CP, EP) at most the GPUs per node, and that dimension fastest in the rank order; for MoE across
-    nodes, DeepEP's internode kernels; for context parallelism, the hierarchical a2a+p2p.
+    nodes, DeepEP's internode kernels; for context parallelism, the hierarchical a2a+p2p; for FSDP,
+    HSDP (shard inside a node, replicate across).
     """
 
     code = "MFU014"
@@ -55,6 +62,8 @@ class ParallelLayout(Rule[Params]):
     def findings(self, run: RunContext) -> list[Finding]:
         mesh = run.mesh
         spanning = mesh.spanning(_LAYER_DIMS) if mesh is not None else []
+        if mesh is not None and mesh.sharding == "hsdp":   # already sharded inside and replicated across
+            spanning = [g for g in spanning if g.dim != "fsdp"]
         if mesh is None or not spanning:
             return []
         frac = run.mean_fraction("exposed_comm")
@@ -77,7 +86,7 @@ class ParallelLayout(Rule[Params]):
             summary = (f"{_WORDS[dim]} group {widest.name} ({widest.desc or 'no description'}, {widest.size} ranks) "
                        f"spans {widest.hosts} hosts ({len(groups)} such group(s)): its traffic runs on the network, "
                        f"and the {_WORDS[dim]} collectives leave {exposed:.1%} of the step exposed")
-            advice = f"fit each {_WORDS[dim]} group in a node: {_KNOB[dim]}"
+            advice = _KNOB[dim] if dim == "fsdp" else f"fit each {_WORDS[dim]} group in a node: {_KNOB[dim]}"
             names = {g.name for g in groups}
             evidence = list(dict.fromkeys(
                 f"coll:{m.instance}" for m in run.matched

@@ -37,7 +37,8 @@ else:
     import tomli as tomllib
 
 CODES = tuple(f"MFU{i:03d}" for i in range(1, 15))
-# MFU014 fires on a tensor-, context- or expert-parallel group spanning hosts: a fact of the layout.
+# MFU014 fires on a tensor-, context- or expert-parallel group spanning hosts, or an FSDP group (the
+# generator's is the default group) that does: a fact of the layout.
 LAYER_GROUPS = ("TENSOR_MODEL_PARALLEL_GROUP", "EXPERT_MODEL_PARALLEL_GROUP")
 CODE_BUCKET = {
     "MFU001": "exposed_comm", "MFU002": "pipeline_bubble", "MFU003": "thin_gemm",
@@ -409,7 +410,8 @@ def test_expected_findings_agree_with_truth(run: Run) -> None:
         elif code == "MFU008":
             assert roofline_ratio(run) >= 3.0 if code in fire else roofline_ratio(run) < 1.5
         elif code == "MFU014":
-            spanning = any(spans_hosts(s, g) for g in process_groups(s) if g.desc in LAYER_GROUPS)
+            spanning = any(spans_hosts(s, g) for g in process_groups(s) if g.desc in LAYER_GROUPS) or (
+                s.fsdp and any(spans_hosts(s, g) for g in process_groups(s) if g.desc == "default_pg"))
             assert spanning == (code in fire)
         else:
             frac = mean_fraction(run, CODE_BUCKET[code])

@@ -4,6 +4,7 @@ a real DeviceMesh capture on gloo."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from diag.knowledge.process_groups import named, rows
 from diag.outputs.report import mesh_rows
 from diag.timeline.collectives import Call, Matched
 from fixtures.generate import generate
+from fixtures.scenarios import load_case
 
 # ---- the table ----------------------------------------------------------------------------------
 
@@ -228,3 +230,15 @@ def test_fsdp_all_gathers_exposed_with_and_without_prefetch(case: str, exposed_g
     one = (12 * 1024**2 * 2 * 7 / 8 / 100e9 + 5e-6) * 1e3   # ms
     assert gather["exposed_ms_per_step"] == pytest.approx(exposed_gathers * one, rel=0.01)
     assert mfu001["summary"].startswith("FSDP all-gathers: ") and "forward_prefetch=True" in mfu001["advice"]
+
+
+def test_an_fsdp_group_across_hosts_could_be_hsdp(tmp_path: Path) -> None:
+    """fsdp_no_prefetch on 4-GPU hosts: the FSDP group spans 2 hosts and its all-gathers are exposed,
+    so MFU014 names it with HSDP as the knob (on 8-GPU hosts, the case itself, it stays silent)."""
+    generate(dataclasses.replace(load_case("fsdp_no_prefetch"), gpus_per_node=4), tmp_path, steps=2)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    layout = next(f for f in report["findings"] if f["code"] == "MFU014")
+    by_dim = next(f for f in report["findings"] if f["code"] == "MFU001")["details"]["by_dim"]
+    assert (layout["details"]["dim"], layout["details"]["hosts"]) == ("fsdp", 2)
+    assert layout["details"]["exposed_fraction"] == by_dim["fsdp"]
+    assert layout["advice"].startswith("HSDP")
