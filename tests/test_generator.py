@@ -430,7 +430,8 @@ def test_cli_writes_a_smaller_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert written == ["model.toml", "rank-0.json", "rank-1.json", "rank-2.json", "rank-3.json", "truth.json"]
     assert "4 ranks × 1 steps" in capsys.readouterr().out
     truth = json.loads((tmp_path / "truth.json").read_text())
-    assert truth["layout"] == {"dp": 1, "tp": 1, "pp": 4, "microbatches": 4, "interleave": 1, "schedule": "gpipe"}
+    assert truth["layout"] == {"dp": 1, "tp": 1, "pp": 4, "ep": 1, "gpus_per_node": 8, "microbatches": 4,
+                               "interleave": 1, "schedule": "gpipe"}
 
 
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
