@@ -82,7 +82,6 @@ class _Acc(msgspec.Struct):
     ranks: tuple[int, ...] | None = None
     listed: bool = False            # in some rank's pg_config
     traffic: Counter[str] = msgspec.field(default_factory=Counter)
-    bytes: Counter[str] = msgspec.field(default_factory=Counter)
     # (rank, window, step) → [first all-gather, first gradient collective] start, ns
     firsts: dict[tuple[int, int, int | None], list[int | None]] = msgspec.field(default_factory=dict)
 
@@ -114,8 +113,6 @@ def infer(pg_configs: Iterable[Any], matched: Sequence[Matched], world: int, gpu
         _note(acc, c.pg_desc, c.group_size, _ranks_text(c.group_ranks))
         kind = normalize_collective(c.collective) or c.collective
         acc.traffic[kind] += 1
-        if c.msg_bytes:
-            acc.bytes[kind] += c.msg_bytes
         if kind == "allgather" or kind in _GRADIENT:
             slot = acc.firsts.setdefault((c.rank, c.window, c.step), [None, None])
             i = 0 if kind == "allgather" else 1
@@ -124,7 +121,7 @@ def infer(pg_configs: Iterable[Any], matched: Sequence[Matched], world: int, gpu
     configs = configs if config_ranks is None else config_ranks
     per_host = sorted({g for g in gpus_per_host if g})
     gpn = per_host[-1] if per_host else None if host_timeline else DEFAULT_GPUS_PER_HOST
-    judged = {name: _judge(name, acc, world, gpn) for name, acc in groups.items()}
+    judged = {name: _judge(acc, world, gpn) for name, acc in groups.items()}
     _world_as_data_parallel(judged, groups, world)
     out = tuple(sorted((_group(name, acc, *judged[name], gpn) for name, acc in groups.items()),
                        key=lambda g: (DIM_ORDER[g.dim], g.size or 0, _name_key(g.name))))
@@ -182,17 +179,17 @@ def _ranks_text(text: str | None) -> tuple[int, ...] | None:
     return out or None
 
 
-def _judge(name: str, acc: _Acc, world: int, gpn: int | None) -> tuple[str, str]:
+def _judge(acc: _Acc, world: int, gpn: int | None) -> tuple[str, str]:
     """(dimension, evidence) of one group."""
     row = named(acc.desc)
     kinds = acc.traffic
     total = sum(kinds.values())
     seen = ", ".join(f"{n} {k}" for k, n in kinds.most_common(3))
     if row is not None:
-        dim, why = row.dim, f"description {acc.desc!r} ({row.source})"
-        if dim == "dp" and acc.gathers_first():
-            dim, why = "fsdp", why + f"; its all-gathers come before the step's gradient collectives ({seen}): sharded"
-        return dim, why + (f"; traffic {seen}" if total and "traffic" not in why else "")
+        why = f"description {acc.desc!r} ({row.source})" + (f"; traffic {seen}" if total else "")
+        if row.dim == "dp" and acc.gathers_first():
+            return "fsdp", why + "; its all-gathers come before the step's gradient collectives: sharded"
+        return row.dim, why
     if acc.size is not None and acc.size == world and world > 1:
         return "world", f"all {world} ranks" + (f"; traffic {seen}" if total else "")
     if not total:
