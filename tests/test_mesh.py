@@ -242,3 +242,33 @@ def test_an_fsdp_group_across_hosts_could_be_hsdp(tmp_path: Path) -> None:
     assert (layout["details"]["dim"], layout["details"]["hosts"]) == ("fsdp", 2)
     assert layout["details"]["exposed_fraction"] == by_dim["fsdp"]
     assert layout["advice"].startswith("HSDP")
+
+
+def test_too_little_gemm_per_tensor_parallel_collective(tmp_path: Path) -> None:
+    """tp_intra_node with hidden 1024 over 1,024 tokens: 8-way TP leaves each all-reduce (2 MiB) ~17 µs
+    of GEMM, under the 6.6 + 14 × 0.47 + 2 MiB · 7/4 ÷ 450 GB/s = 21 µs it needs on NVLink, so MFU014
+    fires inside one host. gemm_us_per_collective is the analyzed steps' GEMM/attention kernel time
+    over their TP kernels, counted from the trace."""
+    s = dataclasses.replace(load_case("tp_intra_node"), hidden=1024, heads=8, head_dim=128, seq_len=1024)
+    truth = generate(s, tmp_path, steps=2)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    layout = next(f for f in report["findings"] if f["code"] == "MFU014")
+    d = layout["details"]
+    assert (d["dim"], d["hosts"], d["groups_spanning"]) == ("tp", 1, 0)
+    floor_us = 6.6 + 14 * 0.47 + 2 * 2**20 * 7 / 4 / 450e9 * 1e6
+    assert d["collective_floor_us"] == pytest.approx(floor_us, rel=1e-6)
+    assert d["gemm_us_per_collective"] < d["collective_floor_us"]
+    assert layout["advice"].startswith("a lower --tensor-model-parallel-size")
+    matmul_ns = calls = 0
+    for r in truth.ranks:
+        doc = json.loads((tmp_path / r.file).read_text())
+        for st in r.steps:
+            for e in doc["traceEvents"]:
+                start = round(e.get("ts", 0) * 1000)
+                if e.get("cat") != "kernel" or not st.window_start_ns <= start < st.window_end_ns:
+                    continue
+                if e["args"].get("Process Group Description") == "TENSOR_MODEL_PARALLEL_GROUP":
+                    calls += 1
+                elif e["name"].startswith(("nvjet", "sm90_xmma_gemm", "void pytorch_flash::flash_")):   # GEMM, attention
+                    matmul_ns += round(e["dur"] * 1000)
+    assert d["gemm_us_per_collective"] == pytest.approx(matmul_ns / calls / 1e3, rel=0.01)
