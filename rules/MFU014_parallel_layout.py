@@ -118,7 +118,9 @@ class ParallelLayout(Rule[Params]):
                     # Too little compute per collective: overlap could hide gemm ÷ floor of it, no more;
                     # the rest is what fewer, larger collectives must win.
                     recoverable = max(recoverable, exposed * (1 - gemm_us / floor_us))
-            members = sorted({r for g in groups for r in g.ranks or ()})
+            # The groups' members that were traced (a group lists ranks a partial capture does not hold).
+            traced = {r.rank for r in run.ranks}
+            members = sorted({r for g in groups for r in g.ranks or ()} & traced)
             names = {g.name for g in groups}
             evidence = list(dict.fromkeys(
                 f"coll:{m.instance}" for m in run.matched

@@ -81,6 +81,27 @@ class ModelInfo(msgspec.Struct, frozen=True):
     tokens_per_step: float | None
 
 
+class MeshGroup(msgspec.Struct, frozen=True):
+    name: str
+    desc: str | None
+    dim: str                          # dp | fsdp | tp | cp | ep | pp | world | other
+    size: int | None
+    hosts: int | None
+    link: str | None                  # intra-node | network
+    evidence: str
+    traffic: dict[str, int]           # collective → calls on the group, all ranks and steps
+    ranks: list[int] | None
+
+
+class Parallelism(msgspec.Struct, frozen=True):
+    dims: dict[str, int]              # dp, tp, pp, cp, ep → degree
+    sharding: str | None              # none | zero1 | zero2 | fsdp | hsdp
+    groups: list[MeshGroup]
+    groups_total: int
+    certain: list[str]
+    how: str
+
+
 class Report(msgspec.Struct, frozen=True):
     schema: str
     diag_version: str
@@ -110,6 +131,7 @@ class Report(msgspec.Struct, frozen=True):
     flops_source: str
     notes: list[str]
     critical_path: list[CriticalPathStep]
+    parallelism: Parallelism | None = None   # the mesh (attribution/mesh.py); absent before it was added
 
 
 def to_typed(document: dict[str, Any]) -> Report:
