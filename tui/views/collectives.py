@@ -52,7 +52,7 @@ def mesh_text(report: Mapping[str, Any] | None) -> Text | None:
     t.append(" × ".join(f"{d} {n}" for d, n in p["dims"].items() if n > 1), style="bold")
     t.append(f" · sharding {p['sharding'] or 'unknown'}", style="dim")
     for dim, desc, groups, size, hosts, link, pts in mesh_rows(dict(report or {})):
-        t.append(f"\n  {dim:<6}{desc[:34]:<35}{groups:>4} × {size:<5} {hosts:>3} host(s) ")
+        t.append(f"\n  {dim:<6}{terminal(desc)[:34]:<35}{groups:>4} × {size:<5} {hosts:>3} host(s) ")
         t.append(f"{link:<11}", style="red" if link == "network" and dim in ("tp", "cp", "ep") else "")
         if pts:
             t.append(f" {pts} pts exposed", style="bold")
