@@ -248,8 +248,8 @@ def _mesh(r: dict[str, Any]) -> list[str]:
     p = r["parallelism"]
     dims = " × ".join(f"{d} {n}" for d, n in p["dims"].items() if n > 1) or "one rank per group"
     return ["<h2>The mesh</h2>",
-            f'<p class="muted">{escape(dims)}; sharding {escape(p["sharding"] or "unknown")}; '
-            f'certain: {escape(", ".join(p["certain"]) or "none")}. {escape(p["how"])}</p>',
+            f'<p class="muted">{html_text(dims)}; sharding {html_text(p["sharding"] or "unknown")}; '
+            f'certain: {html_text(", ".join(p["certain"]) or "none")}. {html_text(p["how"])}</p>',
             table(MESH_HEADER, rows, frozenset({2, 3, 4, 6}))]
 
 
