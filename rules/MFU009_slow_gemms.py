@@ -254,10 +254,14 @@ class SlowGemms(Rule[Params]):
         peak = run.peak.flops_per_s
         if peak is None or run.mfu is None:
             # The bucket holds all GEMM/attention time, model compute included: no inefficiency
-            # to advise on, only the input that would split it (issue 36).
+            # to advise on, only the input that would split it (issue 36) and, where the run's
+            # dtype leaves the part's tensor cores idle, the precision lever, which needs no FLOPs.
+            part, convs = self._part_and_convs(run, digests)
+            precision = precision_advice(part, run.peak.dtype, convs)
+            split = mfu_missing(peak is not None) + " to split GEMM time into model compute and inefficiency"
             return [Finding(
                 self.code, self.slug, "info", frac, lost_s, ranks, steps, [],
-                mfu_missing(peak is not None) + " to split GEMM time into model compute and inefficiency",
+                "; ".join([precision, split] if precision else [split]),
                 f"GEMM/attention kernels take {frac:.1%} of the step; without "
                 f"{'model FLOPs' if peak is not None else 'a peak'} it is not split into model compute and loss",
                 None, {}, bucket="gemm_inefficiency", recoverable_fraction=0.0,
@@ -320,9 +324,7 @@ class SlowGemms(Rule[Params]):
     def _advice(self, run: RunContext, causes: list[str], digests: list[SlowGemmDigest]) -> list[str]:
         """The worst shapes' causes; fp32 worded for the part (precision_advice), and with no cause
         of a shape, the run's own dtype on the part, else what is left to try (fallback_advice)."""
-        part = hardware.PARTS.get(run.peak.part_key) if run.peak.part_key else None
-        matmul_s = sum(d.matmul_s for d in digests)
-        convs = bool(matmul_s) and sum(d.conv_s for d in digests) >= matmul_s / 2
+        part, convs = self._part_and_convs(run, digests)
         lines = _merge_padding([c for c in causes if c != FP32_CAUSE])
         if FP32_CAUSE in causes:
             lines.insert(0, precision_advice(part, "fp32", convs) or (
@@ -332,6 +334,13 @@ class SlowGemms(Rule[Params]):
             return lines
         precision = precision_advice(part, run.peak.dtype, convs)
         return [precision] if precision else [fallback_advice(part, convs, run.vendor.smi)]
+
+    @staticmethod
+    def _part_and_convs(run: RunContext, digests: list[SlowGemmDigest]) -> tuple[hardware.Part | None, bool]:
+        """The run's part, and whether convolutions hold half its matmul time or more."""
+        part = hardware.PARTS.get(run.peak.part_key) if run.peak.part_key else None
+        matmul_s = sum(d.matmul_s for d in digests)
+        return part, bool(matmul_s) and sum(d.conv_s for d in digests) >= matmul_s / 2
 
     def _resident_advice(self, run: RunContext, beside: dict[str, Any] | None) -> list[str]:
         """Communication kernels that ran beside the GEMMs a fifth of the step or more, holding a
