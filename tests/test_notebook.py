@@ -42,21 +42,38 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
         diag.opne  # type: ignore[attr-defined]  # noqa: B018
 
 
-def _cells(page: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+# A python cell, and the text block under it that shows what it printed (None: it prints nothing).
+_CELL = re.compile(r"```python\n(.*?)```\n(?:\n```text\n(.*?)```\n)?", re.S)
 
 
 def test_the_notebook_page_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/notebook.md's cells, in order, in one namespace, from the repository's root (the page's
-    paths are relative to it); the cells check their own figures against the report."""
+    paths are relative to it); the cells check their own figures against the report, and what each
+    prints is the text the page shows under it (DIAG_UPDATE_GOLDEN=1 writes what they print now,
+    to be reviewed as a diff)."""
     shared_traces()
-    cells = _cells(ROOT / "docs" / "notebook.md")
+    page = ROOT / "docs" / "notebook.md"
+    text = page.read_text(encoding="utf-8")
+    cells = list(_CELL.finditer(text))
     assert len(cells) >= 8
     monkeypatch.chdir(ROOT)
     namespace: dict[str, object] = {}
+    printed = []
     for cell in cells:
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(cell, "docs/notebook.md", "exec"), namespace)   # noqa: S102
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(cell.group(1), "docs/notebook.md", "exec"), namespace)   # noqa: S102
+        printed.append(out.getvalue())
+    if os.environ.get("DIAG_UPDATE_GOLDEN"):
+        parts, at = [], 0
+        for cell, out in zip(cells, printed, strict=True):
+            shown = f"\n```text\n{out}```\n" if out else ""
+            parts += [text[at:cell.start()], f"```python\n{cell.group(1)}```\n{shown}"]
+            at = cell.end()
+        page.write_text("".join(parts) + text[at:], encoding="utf-8")
+        return
+    for n, (cell, out) in enumerate(zip(cells, printed, strict=True), 1):
+        assert out == (cell.group(2) or ""), f"docs/notebook.md cell {n} printed other than the page shows"
 
 
 @pytest.fixture(scope="module")
