@@ -115,7 +115,7 @@ class KernelInefficiency(Rule[Params]):
         if run.inference:   # no optimizer step to fuse
             advice = (f"fuse memory-bound kernels: {run.compile_knob}, fused RMSNorm/LayerNorm and rotary/activation "
                       "kernels, Transformer Engine/Apex kernels"
-                      + ("" if run.uses("cuda_graphs") else "; CUDA graphs for many tiny launches"))
+                      + ("" if run.uses("cuda_graphs") else f"; {run.graphs_knob} for many tiny launches"))
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, frac * _mean_window(run), ranks, [],
             [e for k in worst for e in evidence[k][:EVIDENCE]], advice, summary, run.what_if(frac),

@@ -269,8 +269,7 @@ class HostBound(Rule[Params]):
                 lines.append("Python between ops" + (f", {duration(us / 1e6)} per launch" if us else "")
                              + (f" ({names})" if names and p["frames_recorded"] else "")
                              + f": fewer, larger ops ({run.compile_knob}), no per-op Python (hooks, logging) in the step"
-                             + ("" if graphs else ", or CUDA graphs (torch.compile(mode=\"reduce-overhead\")) to replay "
-                                "the step without Python"))
+                             + ("" if graphs else f", or {run.graphs_knob} to replay the step without Python"))
             elif part == "dispatch" and (p["us_per_launch"] or 0) >= ONE_OFF_US:
                 lines.append(f"ops hold the host {duration(p['us_per_launch'] / 1e6)} per launch outside their "
                              f"launches ({names}): not per-op overhead but work inside them (allocator growth, "
@@ -283,13 +282,12 @@ class HostBound(Rule[Params]):
                              + (f" against {per_launch:.1f} µs per launch call" if per_launch else "")
                              + (f" ({names})" if names else "")
                              + f": fewer, larger ops ({run.compile_knob})"
-                             + ("" if graphs else "; CUDA graphs replay the step without it"))
+                             + ("" if graphs else f"; {run.graphs_knob} replay the step without it"))
             elif part == "launch":
                 lines.append(f"{launches:.0f} launches per step, {tiny:.0%} of kernels under "
                              f"{self.params.tiny_kernel_us:g} µs" + (f", {per_launch:.1f} µs CPU per launch" if per_launch else "")
                              + (f": fuse kernels ({run.compile_knob})" if graphs else
-                                ": capture the step in CUDA graphs (torch.compile(mode=\"reduce-overhead\")) or fuse "
-                                f"kernels ({run.compile_knob})"))
+                                f": capture the step in {run.graphs_knob} or fuse kernels ({run.compile_knob})"))
             elif part == "sync_wait":
                 lines.append("remove host syncs from the step" + (f" ({names})" if names else "")
                              + ": keep values on the GPU, no .item()/.cpu()/print(tensor) per layer, log every N steps")

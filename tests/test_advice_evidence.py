@@ -97,3 +97,44 @@ def test_resident_communication_is_evidence_beside_the_slow_gemms(tmp_path: Path
     assert beside["sms_held"] == 24 and beside["sms"] == 132
     assert "holding 24 of 132 SMs" in slow["advice"] and "deep_ep.Buffer.set_num_sms" in slow["advice"]
     assert report["workload_family"]["family"] == "moe" and "deepep" in report["workload_family"]["uses"]
+
+
+def _eager_serving_trace(op: str, kernel: str) -> dict[str, object]:
+    """One 2 ms step of 40 host ops of 40 µs, each launching one 4 µs kernel (the host holds the
+    GPU: host-bound), with no graph launch: a serving engine run eager."""
+    from test_host_parts import _launch, _x, build
+
+    doc = build(with_stack=False)
+    ev: list[dict[str, object]] = [_x("user_annotation", "ProfilerStep#1", 0, 2000)]
+    for i in range(40):
+        t = 10 + 48 * i
+        ev += [_x("cpu_op", op, t, 40, **{"External id": 100 + i}),
+               *_launch(100 + i, 100 + i, t + 30, 5, t + 36, 4, kernel)]
+    doc["traceEvents"] = ev
+    return doc
+
+
+@pytest.mark.parametrize(("op", "kernel", "engine", "knob"), [
+    ("_C::rms_norm", "void vllm::rms_norm_kernel<c10::BFloat16>(c10::BFloat16*, c10::BFloat16 const*, long, "
+     "c10::BFloat16 const*, float, int, int)", "vllm", "enforce_eager"),
+    ("sgl_kernel::rmsnorm", "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*)", "sglang",
+     "--disable-cuda-graph"),
+    ("aten::add", "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)", None,
+     'torch.compile(mode="reduce-overhead")'),
+])
+def test_cuda_graph_advice_names_the_serving_engines_switch(tmp_path: Path, op: str, kernel: str,
+                                                            engine: str | None, knob: str) -> None:
+    """A vLLM or SGLang run with no graph launches is told its own switch (vLLM's enforce_eager,
+    SGLang's --disable-cuda-graph), not torch.compile's mode, which it does not call."""
+    from diag.api import analyze_path
+    from diag.ingest.pipeline import IngestOptions
+
+    f = tmp_path / "serving.pt.trace.json"
+    f.write_text(json.dumps(_eager_serving_trace(op, kernel)))
+    _, report = analyze_path(str(f), None, ingest_opts=IngestOptions(jobs=1), warn=False)
+    [host] = [x for x in report["findings"] if x["code"] == "MFU010"]
+    assert knob in host["advice"]
+    uses = report["workload_family"]["uses"]
+    assert (engine in uses) if engine else not {"vllm", "sglang"} & set(uses)
+    others = {"enforce_eager", "--disable-cuda-graph", 'torch.compile(mode="reduce-overhead")'} - {knob}
+    assert not [o for o in others if o in host["advice"]], host["advice"]

@@ -60,10 +60,10 @@ def test_the_notebook_page_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     namespace: dict[str, object] = {}
     printed = []
     for cell in cells:
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
             exec(compile(cell.group(1), "docs/notebook.md", "exec"), namespace)   # noqa: S102
-        printed.append(out.getvalue())
+        printed.append(buffer.getvalue())
     if os.environ.get("DIAG_UPDATE_GOLDEN"):
         parts, at = [], 0
         for cell, out in zip(cells, printed, strict=True):

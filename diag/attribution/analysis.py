@@ -166,6 +166,17 @@ class RunContext(msgspec.Struct):
         return any(r.mix is not None and feature in r.mix.features for r in self.ranks)
 
     @property
+    def graphs_knob(self) -> str:
+        """How advice names CUDA graphs for a run that has none: a serving engine's own switch where
+        the trace shows vLLM or SGLang (run eager: enforce_eager, --disable-cuda-graph), else
+        torch.compile's mode that captures them."""
+        if self.uses("vllm"):
+            return "CUDA graphs (vLLM runs eager here: drop enforce_eager=True / --enforce-eager)"
+        if self.uses("sglang"):
+            return "CUDA graphs (SGLang runs eager here: drop --disable-cuda-graph)"
+        return 'CUDA graphs (torch.compile(mode="reduce-overhead"))'
+
+    @property
     def compile_knob(self) -> str:
         """How advice names torch.compile: as the fix, or, where the trace shows it in use (Triton
         kernels, CompiledFunction), as more of the step under it."""

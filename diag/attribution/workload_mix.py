@@ -1,6 +1,7 @@
 """What a run is and what it already uses, read from its kernel and op names: the workload family
 (transformer, convnet, recommender, moe) with the evidence for it, and the features advice must not
-recommend because the run has them (DeepEP, NVSHMEM, torch.compile, FSDP, Transformer Engine).
+recommend because the run has them (DeepEP, NVSHMEM, torch.compile, FSDP, Transformer Engine), and
+the serving engine whose own switch turns CUDA graphs on (vLLM, SGLang).
 
 Each rank's digest keeps kernel time by signal (`signals`) and the features it saw (`features`);
 RunContext adds them up over ranks (`family`, `uses`).
@@ -32,6 +33,8 @@ _FEATURE_KERNELS = {
     "nvshmem": re.compile(r"nvshmem", re.IGNORECASE),
     "torch_compile": re.compile(r"^triton_"),
     "transformer_engine": re.compile(r"transformer_engine", re.IGNORECASE),
+    # vLLM's own CUDA kernels live in its C++ namespace (csrc/: `vllm::rms_norm_kernel<…>`).
+    "vllm": re.compile(r"(^|\W)vllm::"),
 }
 _FEATURE_SPANS = {
     "torch_compile": re.compile(r"^(CompiledFunction|Torch-Compiled Region)"),
@@ -39,6 +42,10 @@ _FEATURE_SPANS = {
     # TorchRec's table-batched embedding lookups (fbgemm_gpu), whose kernels may be a small share.
     "embedding_tables": re.compile(r"^fbgemm::split_embedding|torchrec|EmbeddingBagCollection"),
     "transformer_engine": re.compile(r"transformer_engine|TransformerEngine"),
+    # The serving engines, by their ops (`vllm::unified_attention`, `sgl_kernel::rmsnorm`) or, with
+    # with_stack, their Python frames (`vllm/worker/…`, `sglang/srt/…`).
+    "vllm": re.compile(r"^vllm::|(^|/)vllm/"),
+    "sglang": re.compile(r"^sgl_kernel::|(^|/)sglang/"),
 }
 # Every feature `RunContext.uses` answers for.
 FEATURES = ("cuda_graphs", *sorted({*_FEATURE_KERNELS, *_FEATURE_SPANS}))
