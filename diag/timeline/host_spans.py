@@ -5,6 +5,7 @@ is the framework's), an annotation (the program's own code between ops), a Pytho
 
 from __future__ import annotations
 
+import functools
 import re
 
 import msgspec
@@ -68,6 +69,7 @@ def launching_threads(ops: pa.Table, frames: pa.Table, acts: pa.Table) -> HostSp
     return HostSpans(tid[order], ts[order], end[order], kind[order], [names[i] for i in order.tolist()])
 
 
+@functools.lru_cache(maxsize=65536)   # a step repeats a few hundred op names thousands of times
 def _span_kind(cat: str | None, name: str) -> int:
     """An op, or an annotation: the program's record_function spans, whatever category the trace
     gives them (ProfilerStep#3 is a cpu_op in older Kineto), less the framework's own."""
