@@ -23,7 +23,7 @@ from typing import IO, cast
 from isal import isal_zlib
 
 from diag.runtime.errors import BadInput
-from diag.runtime.paths import is_duckdb
+from diag.runtime.paths import file_kind, is_duckdb
 
 
 def _default_max_bytes() -> int:
@@ -93,7 +93,7 @@ def read_source(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: b
         st = os.stat(p)
         if not stat.S_ISREG(st.st_mode):
             # Opening a FIFO blocks until a writer comes; a device never ends.
-            raise BadInput(p, f"not a regular file ({_kind(st.st_mode)}); give trace files or directories")
+            raise BadInput(p, f"not a regular file ({file_kind(st.st_mode)}); give trace files or directories")
         f = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as e:
         raise BadInput(p, f"cannot read: {e.strerror or e}") from None
@@ -121,16 +121,6 @@ def read_source(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, salvage: b
     if _blank(data):
         raise BadInput(p, "empty trace (only whitespace)", 0)
     return SourceBytes(p, data, digest, compressed, warnings)
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a plain file"
 
 
 def _blank(data: Buffer) -> bool:

@@ -38,7 +38,8 @@ def _stat(path: str) -> os.stat_result | None:
         raise BadInput(path, f"cannot be looked at: {e.strerror or e}") from None
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a path that is no regular file or directory is, for a message."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -57,7 +58,7 @@ def input_path(path: str, dirs: bool = True) -> os.stat_result:
     if stat.S_ISDIR(st.st_mode) and dirs:
         return st
     if not stat.S_ISREG(st.st_mode):
-        what = "a directory" if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else file_kind(st.st_mode)
         raise BadInput(path, f"{what}: diag reads regular files{' and directories' if dirs else ''}")
     if not os.access(path, os.R_OK):
         raise BadInput(path, "cannot read: Permission denied")
