@@ -28,9 +28,9 @@ class Params(msgspec.Struct, frozen=True):
 # parallelism (FSDP, ZeRO, Megatron's distributed optimizer) or sequence parallelism; an all-to-all
 # is expert parallelism (MoE token dispatch and combine), sharded embeddings (recommendation models:
 # HTA's sample traces are one) or Ulysses sequence parallelism. Send/recv is pipeline parallelism: MFU002.
+_DP_ALLREDUCE = "overlap the gradient all-reduce with backward: DDP bucket_cap_mb, Megatron --overlap-grad-reduce"
 _TRAINING_ADVICE = {
-    "allreduce": "overlap the gradient all-reduce with backward: DDP bucket_cap_mb, Megatron --overlap-grad-reduce; "
-                 "a tensor-parallel all-reduce: --sequence-parallel with --tp-comm-overlap",
+    "allreduce": f"{_DP_ALLREDUCE}; a tensor-parallel all-reduce: --sequence-parallel with --tp-comm-overlap",
     "allgather": "overlap parameter all-gathers and gradient reduce-scatters with compute: FSDP forward_prefetch=True "
                  "and backward_prefetch=BACKWARD_PRE (FSDP2: explicit forward/backward prefetch), Megatron's "
                  "distributed optimizer with --overlap-param-gather and --overlap-grad-reduce; sequence-parallel "
@@ -155,6 +155,8 @@ class ExposedCollectives(Rule[Params]):
         lead = next(iter(by_dim), None)
         advice = _DIM_ADVICE.get(lead or "") or (
             alltoall_advice(run.family.family, run.uses("deepep")) if kind == "alltoall"
+            # The mesh says the all-reduces are data-parallel: no tensor-parallel knob beside them.
+            else _DP_ALLREDUCE if lead == "dp" and kind == "allreduce"
             else _TRAINING_ADVICE.get(kind or "", _TRAINING_ADVICE[""]))
         if spans and lead in _INSIDE_A_NODE:
             advice = f"{_INSIDE_A_NODE[lead]}; {advice}"
