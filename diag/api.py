@@ -22,9 +22,10 @@ from diag.ingest.source import is_duckdb_file
 from diag.outputs.consistency import contradictions
 from diag.outputs.report import build_report
 from diag.runtime import store
-from diag.runtime.errors import BadInput, printable
+from diag.runtime.errors import BadInput
 from diag.runtime.executor import Executor, make_executor
 from diag.runtime.progress import Bars, Progress, terminal_progress
+from diag.runtime.sanitize import printable
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ from diag import __version__
 from diag.runtime.arrow_memory import use_system_allocator
 from diag.runtime.batch import collect_seldom, exit_now
 from diag.runtime.blas_threads import one_blas_thread
-from diag.runtime.errors import BadInput, ExitCode, Stopped, printable
+from diag.runtime.errors import BadInput, ExitCode, Stopped
 from diag.runtime.no_pandas import keep_pandas_out
 from diag.runtime.option_types import (
     NEGATIVE_NUMBER,
@@ -30,6 +30,7 @@ from diag.runtime.option_types import (
     positive_float,
     positive_int,
 )
+from diag.runtime.sanitize import printable
 
 FORMATS = ("text", "json", "markdown")
 

@@ -17,8 +17,8 @@ from diag.ingest.early import begin_parse
 from diag.ingest.source import is_duckdb_file
 from diag.runtime import paths
 from diag.runtime.durations import data_size
-from diag.runtime.errors import BadInput, ExitCode, printable
-from diag.runtime.sanitize import terminal
+from diag.runtime.errors import BadInput, ExitCode
+from diag.runtime.sanitize import printable, terminal
 
 if TYPE_CHECKING:
     from diag.engine.run import AnalyzeOptions

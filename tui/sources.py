@@ -26,7 +26,8 @@ from diag.ingest.discover import discover
 from diag.ingest.options import IngestOptions
 from diag.ingest.pipeline import ingest
 from diag.runtime import store
-from diag.runtime.errors import BadInput, printable
+from diag.runtime.errors import BadInput
+from diag.runtime.sanitize import printable
 from tui import queries
 from tui.snapshot import LiveStatus, PendingFile, Snapshot, analyzed, empty
 

@@ -24,7 +24,8 @@ from diag.ingest.merged import rank_map
 from diag.ingest.sniff import trace_format
 from diag.ingest.source import SourceBytes, read_source
 from diag.runtime import store
-from diag.runtime.errors import BadInput, printable
+from diag.runtime.errors import BadInput
+from diag.runtime.sanitize import printable
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq

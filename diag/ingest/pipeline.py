@@ -29,9 +29,10 @@ from diag.ingest.kineto_tabulate import EVENT_TABLES, SCHEMAS
 from diag.ingest.ranks import assign_by_process
 from diag.ingest.sniff import AMBIGUOUS
 from diag.runtime import store
-from diag.runtime.errors import BadInput, Stopped, printable
+from diag.runtime.errors import BadInput, Stopped
 from diag.runtime.executor import LocalExecutor, make_executor
 from diag.runtime.lifetime import run_dir
+from diag.runtime.sanitize import printable
 
 if TYPE_CHECKING:
     pass

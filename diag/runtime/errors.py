@@ -6,8 +6,6 @@ from enum import IntEnum
 
 from diag.runtime.sanitize import printable
 
-__all__ = ["BadInput", "ExitCode", "MissingExtra", "Stopped", "printable", "require"]
-
 
 class ExitCode(IntEnum):
     """The CLI contract (DESIGN.md): other tools and CI read these."""
