@@ -14,9 +14,14 @@ EVIDENCE = 20
 
 class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
-    # Recomputing ≥ 80% of the forward FLOPs is full recomputation; less (typically only
-    # attention, Korthikanti et al. 2022) is selective.
-    full_ratio: float = 0.8
+    # Selective recomputation (Korthikanti et al. 2022, §4.2) re-runs the attention core alone,
+    # no linear layer; full recomputation re-runs whole layers, their projections and MLP GEMMs
+    # too. Recomputed FLOPs more than this share in linear-layer GEMMs are full recomputation. Not
+    # a share of the forward FLOPs: torch.utils.checkpoint stops recomputing once the tensors the
+    # backward needs are back (a block's last linear is skipped), and the head is never
+    # checkpointed, so full recomputation of every block re-ran 62.5% of the forward FLOPs in a
+    # real H200 capture (tests/data/gpu_captures/h200/example_full).
+    full_gemm_share: float = 0.1
 
 
 class Recompute(Rule[Params]):
@@ -61,12 +66,15 @@ class Recompute(Rule[Params]):
         rec = sum(s.recompute_flops for s in run.states.values())
         fwd = sum(s.fwd_flops for s in run.states.values())
         ratio = rec / fwd if fwd > 0 else None
-        kind = "full" if ratio is not None and ratio >= self.params.full_ratio else "selective"
+        gemm = sum(s.recompute_gemm_flops for s in run.states.values())
+        gemm_share = gemm / rec if rec > 0 else None
+        kind = "full" if gemm_share is not None and gemm_share > self.params.full_gemm_share else "selective"
         ranks, steps = run.involved("recompute", 0.0)
         gap = (run.hfu - run.mfu) if run.hfu is not None and run.mfu is not None else None
         summary = f"{kind} recomputation: {frac:.1%} of the step re-runs forward work"
-        if ratio is not None:
-            summary += f" ({ratio:.0%} of the forward FLOPs again)"
+        if ratio is not None and gemm_share is not None:
+            summary += (f" ({ratio:.0%} of the forward FLOPs again, {gemm_share:.0%} of them in linear layers"
+                        f"{'' if kind == 'full' else ', the rest attention'})")
         if gap is not None:
             summary += f"; HFU − MFU = {gap * 100:.1f} points"
         advice = ("use selective recomputation (attention only: --recompute-granularity selective, or a "
@@ -80,6 +88,7 @@ class Recompute(Rule[Params]):
         return [Finding(
             self.code, self.slug, severity(frac * 100), frac, run.mean_seconds("recompute"), ranks, steps,
             evidence, advice, summary, run.what_if(frac),
-            {"kind": kind, "recompute_over_forward_flops": ratio, "hfu_minus_mfu": gap},
+            {"kind": kind, "recompute_over_forward_flops": ratio, "recompute_linear_share": gemm_share,
+             "hfu_minus_mfu": gap},
             bucket="recompute", recoverable_fraction=frac,   # memory freed otherwise needs no replay
         )]

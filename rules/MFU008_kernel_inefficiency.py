@@ -110,7 +110,8 @@ class KernelInefficiency(Rule[Params]):
         ranks = sorted({r.rank for r in run.ranks if r.file_id in files})
         summary = (f"non-matmul kernels below {self.params.min_bw_fraction:.0%} of HBM bandwidth waste {frac:.1%} "
                    f"of the step; worst: {worst[0][:80]}")
-        advice = (f"fuse memory-bound kernels: {run.compile_knob}, fused RMSNorm/LayerNorm, fused or foreach AdamW, "
+        optimizer = f"{run.optimizer_knob}, " if run.optimizer_knob else ""
+        advice = (f"fuse memory-bound kernels: {run.compile_knob}, fused RMSNorm/LayerNorm, {optimizer}"
                   "Transformer Engine/Apex kernels; avoid many tiny launches")
         if run.inference:   # no optimizer step to fuse
             advice = (f"fuse memory-bound kernels: {run.compile_knob}, fused RMSNorm/LayerNorm and rotary/activation "

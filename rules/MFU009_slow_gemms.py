@@ -39,8 +39,15 @@ class Params(msgspec.Struct, frozen=True):
 
 # cuBLAS names its split-K kernels (and the reduction after them) in the kernel name.
 _SPLIT_K = re.compile(r"split_?k|splitK", re.IGNORECASE)
+WGRAD = re.compile(r"wgrad", re.IGNORECASE)
+CONV_BACKWARD_OPS = frozenset({"aten::convolution_backward", "aten::cudnn_convolution_backward_weight",
+                               "aten::cudnn_convolution_backward"})
 # The ops PyTorch launches a layout change under: a transpose made contiguous before the GEMM.
 _LAYOUT_OPS = frozenset({"aten::copy_", "aten::clone", "aten::contiguous"})
+# ...but aten::copy_ is also autocast's cast of fp32 weights to bf16/fp16, which changes no layout:
+# torch's Copy.cu runs those as bfloat16_copy_kernel_cuda / float16_copy_kernel_cuda /
+# float8_copy_kernel_cuda (a real bf16 H200 convnet put one before every convolution).
+_CAST_KERNEL = re.compile(r"(bfloat16|float16|float8\w*)_copy_kernel")
 EVIDENCE = 3
 
 
@@ -87,6 +94,11 @@ RESIDENT_SHARE, RESIDENT_SMS = 0.2, 0.1
 FP32_CAUSE = "fp32"   # worded in findings(), where the part's peaks are known
 
 
+def layout_copy(op: str | None, kernel: str) -> bool:
+    """A kernel that copies a tensor into another layout (a transpose made contiguous), not a cast."""
+    return op in _LAYOUT_OPS and not _CAST_KERNEL.search(kernel)
+
+
 def causes_of(mnk: tuple[int, int, int] | None, dtype: str | None, kernel: str, op: str | None,
               after_layout_copy: bool, beside_softmax: bool = False) -> set[str]:
     """What about one GEMM a user can change, each as the advice that fixes it, naming the dims
@@ -111,7 +123,12 @@ def causes_of(mnk: tuple[int, int, int] | None, dtype: str | None, kernel: str, 
         out.add(FP32_CAUSE)
     if after_layout_copy:
         out.add("a transpose is copied before the GEMM: keep weights/activations in the layout the GEMM reads")
-    if _SPLIT_K.search(kernel):
+    # Split-K over a long reduction is the right kernel, not a symptom: a weight gradient reduces
+    # over the tokens (on an H200 convnet, cuDNN's wgrad kernels are *_execute_split_k_kernel and
+    # their ReduceSplitK follows, both under aten::convolution_backward), and more tokens would
+    # only lengthen K.
+    reduction_bound = WGRAD.search(kernel) is not None or (op or "") in CONV_BACKWARD_OPS
+    if _SPLIT_K.search(kernel) and not reduction_bound:
         out.add("split-K on a small shape: batch more tokens per GEMM")
     if gemm_shape.attention_shaped(op, mnk, beside_softmax):
         out.add("attention as batched matmuls around a softmax: use F.scaled_dot_product_attention / FlashAttention")
@@ -231,7 +248,7 @@ class SlowGemms(Rule[Params]):
             row.time_s += float(tl.end_ns[i] - tl.ts_ns[i]) * 1e-9
             row.flops += float(tl.flops[i])
             row.bytes += moved[i] or 0.0
-            layout = prev is not None and tl.kclass[prev] == "other" and tl.op_name[prev] in _LAYOUT_OPS
+            layout = prev is not None and tl.kclass[prev] == "other" and layout_copy(tl.op_name[prev], names[prev] or "")
             row.causes |= causes_of(mnk, tl.dtype[i], names[i] or "", tl.op_name[i], layout, i in ctx.attention_bmms)
             if len(row.evidence) < EVIDENCE:
                 row.evidence.append(f"act:{tl.file_id}:{i}")

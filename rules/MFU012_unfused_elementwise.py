@@ -64,7 +64,7 @@ class UnfusedElementwise(Rule[Params]):
 
     What to do: `torch.compile` the model (Inductor fuses elementwise chains), fused norms
     (Apex/Transformer Engine `FusedLayerNorm`/`RMSNorm`, fused add+norm), fused optimizers
-    (`torch.optim.AdamW(fused=True)`; not in inference), fused bias+activation GEMM epilogues.
+    (`torch.optim.AdamW(fused=True)`; not in inference, nor where the trace shows a fused optimizer), fused bias+activation GEMM epilogues.
     """
 
     code = "MFU012"
@@ -144,8 +144,7 @@ class UnfusedElementwise(Rule[Params]):
             summary += (f"; {sum(c.count for c in chains.values())} chains of short memory-bound kernels "
                         f"({chain_s * 1e3 / max(len(run.ledgers), 1):.2f} ms per rank-step), {recoverable:.1%} "
                         f"recoverable by fusing them; largest: {len(worst[0])} kernels ×{chains[worst[0]].count}")
-        optimizer = "" if run.inference else "AdamW(fused=True), "   # inference runs no optimizer
-        fused = ", ".join(x for x in (run.compile_knob, run.norm_fusion, optimizer.rstrip(", "),
+        fused = ", ".join(x for x in (run.compile_knob, run.norm_fusion, run.optimizer_knob,
                                       "fused bias+activation epilogues") if x)
         advice = f"fuse memory-bound chains: {fused}"
         return [Finding(

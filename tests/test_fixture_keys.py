@@ -21,12 +21,17 @@ import pytest
 from fixtures.generate import generate
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+# The project's own real captures (torch 2.11 on an H200, PROVENANCE.md there): recent enough to
+# carry `Rank` on record_param_comms.
+OWN = Path(__file__).resolve().parent / "data" / "gpu_captures"
 
 # Keys PyTorch writes on record_param_comms that no capture in ../shared/traces is recent enough to
 # hold: torch's profiler saves them with the collective's other fields (torch/csrc/profiler/util.h:
 # kRank "Rank", kP2pSrc "Src Rank", kP2pDst "Dst Rank", kSeqNum "Seq"; collection.cpp adds them to
 # the CPU op's metadata). Kineto copies none of them to the kernel (DESIGN.md), so none is allowed there.
-NEWER_KEYS = {"record_param_comms": {"Rank", "Src Rank", "Dst Rank", "Seq"}}
+NEWER_KEYS = {"record_param_comms": {"Src Rank", "Dst Rank", "Seq"}}
+# ...all four are kept off the kernel.
+CPU_SIDE_ONLY = {"Rank", "Src Rank", "Dst Rank", "Seq"}
 
 KINDS = ("nccl kernel", "record_param_comms", "ProfilerStep", "runtime launch", "memcpy", "user annotation")
 
@@ -69,7 +74,8 @@ def keys_by_kind(paths: Iterable[Path]) -> dict[str, set[str]]:
 def real() -> dict[str, set[str]]:
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} absent: the real captures are not beside the project")
-    return keys_by_kind(p for p in SHARED.rglob("*") if p.name.endswith((".json", ".json.gz")))
+    return keys_by_kind(p for folder in (SHARED, OWN) for p in folder.rglob("*")
+                        if p.name.endswith((".json", ".json.gz")))
 
 
 @pytest.fixture(scope="module")
@@ -99,5 +105,11 @@ def test_generated_keys_are_keys_real_captures_carry(which: str, real: dict[str,
 
 def test_peers_and_seq_are_on_the_cpu_op_only(generated: dict[str, set[str]]) -> None:
     """As PyTorch writes them: the point-to-point peer and Seq on record_param_comms, not the kernel."""
-    assert NEWER_KEYS["record_param_comms"] <= generated["record_param_comms"]
-    assert not NEWER_KEYS["record_param_comms"] & generated["nccl kernel"]
+    assert generated["record_param_comms"] >= CPU_SIDE_ONLY
+    assert not CPU_SIDE_ONLY & generated["nccl kernel"]
+
+
+def test_the_own_capture_carries_rank_on_the_cpu_op() -> None:
+    """torch 2.11 writes `Rank` on record_param_comms (the H200 capture): the key is real, not ours."""
+    own = keys_by_kind(OWN.rglob("*.json.gz"))
+    assert "Rank" in own["record_param_comms"]

@@ -10,7 +10,7 @@ import pytest
 from diag.attribution import gemm_shape, workload_mix
 from diag.knowledge import hardware
 from diag.timeline.nesting import overlapped, points_within
-from rules.MFU009_slow_gemms import causes_of, fallback_advice, precision_advice
+from rules.MFU009_slow_gemms import causes_of, fallback_advice, layout_copy, precision_advice
 from rules.MFU011_copies import advice_for
 from rules.MFU012_unfused_elementwise import chain_gain
 
@@ -116,6 +116,15 @@ def test_slow_gemm_causes() -> None:
     assert not causes_of((4096, 4096, 4096), "fp32", "ampere_tf32_s1688gemm_tf32_128x128", "aten::mm", False)
     assert any("transpose" in c for c in causes_of((4096, 4096, 4096), "bf16", "k", "aten::mm", True))
     assert any("split-K" in c for c in causes_of((256, 256, 8192), "bf16", "gemm_splitKreduce_kernel", "aten::mm", False))
+    # A convolution's weight gradient reduces over every position: split-K is its right kernel (H200).
+    assert not causes_of(None, "bf16", "sm90_xmma_wgrad_indexed_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_"
+                         "tilesize128x64x64_warpgroupsize1x1x1_g1_execute_split_k_kernel__5x_cudnn",
+                         "aten::convolution_backward", False)
+    # autocast's cast of a weight to bf16 before the GEMM is no transpose; a same-dtype copy may be.
+    assert not layout_copy("aten::copy_", "void at::native::vectorized_elementwise_kernel<8, "
+                           "at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}")
+    assert layout_copy("aten::copy_", "void at::native::unrolled_elementwise_kernel<at::native::"
+                       "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}")
     assert any("scaled_dot_product" in c for c in causes_of((2048, 2048, 64), "bf16", "k", "aten::bmm", False, True))
     assert not causes_of((2048, 2048, 64), "bf16", "k", "aten::bmm", False, False)
 

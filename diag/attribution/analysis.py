@@ -185,6 +185,12 @@ class RunContext(msgspec.Struct):
         return "torch.compile"
 
     @property
+    def optimizer_knob(self) -> str:
+        """A fused optimizer step as advice, or "" where there is none to fuse (inference) or the
+        trace shows one already (torch's FusedAdamMathFunctor, Apex/TE multi_tensor_adam)."""
+        return "" if self.inference or self.uses("fused_optimizer") else "AdamW(fused=True)"
+
+    @property
     def norm_fusion(self) -> str:
         """The fused kernels a family's memory-bound chains have: a transformer's norms (Apex,
         Transformer Engine), a convnet's conv+BN+activation; a recommender's neither."""

@@ -35,6 +35,10 @@ _FEATURE_KERNELS = {
     "transformer_engine": re.compile(r"transformer_engine", re.IGNORECASE),
     # vLLM's own CUDA kernels live in its C++ namespace (csrc/: `vllm::rms_norm_kernel<…>`).
     "vllm": re.compile(r"(^|\W)vllm::"),
+    # A fused optimizer step: torch's AdamW(fused=True) runs multi_tensor_apply_kernel
+    # <FusedOptimizerTensorListMetadata, FusedAdamMathFunctor> (a real H200 capture); Apex and
+    # Transformer Engine run multi_tensor_adam kernels.
+    "fused_optimizer": re.compile(r"FusedOptimizer|FusedAdam|FusedSGD|multi_tensor_adam", re.IGNORECASE),
 }
 _FEATURE_SPANS = {
     "torch_compile": re.compile(r"^(CompiledFunction|Torch-Compiled Region)"),

@@ -3,17 +3,21 @@
 Conventions are torch.utils.flop_counter's (torch 2.13), so a trace and FlopCounterMode agree:
 
 - a GEMM is 2*M*N*K (multiply and add; bias and alpha/beta are not counted);
-- attention forward is two batched GEMMs, 4*B*H*L*S*E for E = Ev (QK^T and PV), with no
-  discount for a causal mask; backward is five, 2*B*H*L*S*(3E + 2Ev) = 2.5x forward
-  (it recomputes QK^T, then dP, dV, dQ, dK);
+- attention forward is two batched GEMMs, 4*B*H*L*S*E for E = Ev (QK^T and PV); backward is
+  five, 2*B*H*L*S*(3E + 2Ev) = 2.5x forward (it recomputes QK^T, then dP, dV, dQ, dK);
 - a convolution is 2*N*Cout*(Cin/groups)*prod(kernel)*prod(output spatial) (input spatial for a
   transposed one); its backward is that again for each gradient asked for (output_mask). The
   output size comes from stride/padding/dilation in `Concrete Inputs`, else from the matching
   backward op's grad_output (timeline.py pairs them by autograd sequence number).
 
-Two deliberate differences, both where flop_counter is wrong: `_flash_attention_*` and
+Three deliberate differences from flop_counter: `_flash_attention_*` and
 `_efficient_attention_*` take (B, L, H, E) tensors, which flop_counter reads as (B, H, L, E);
-and flop_counter's grad-weight count for a grouped convolution is `groups` times too large.
+flop_counter's grad-weight count for a grouped convolution is `groups` times too large; and a
+causal mask (is_causal, or the efficient kernels' custom_mask_type 1 or 2, read from `Concrete
+Inputs`) halves square attention (L = S), the kernels skipping the masked blocks, as
+FlashAttention's own benchmarks count it (flash-attn benchmarks/benchmark_flash_attention.py,
+`flops / 2 if causal`). flop_counter counts the masked half too; without Concrete Inputs the mask
+is unknown and attention is counted whole, as flop_counter does.
 
 Backward ops carry their own shapes. The autograd engine runs the backward as ordinary ops
 (aten::mm, aten::convolution_backward, aten::_flash_attention_backward ...) that record their own
@@ -211,7 +215,9 @@ def _attention(
     *,
     backward: bool,
     heads_second: bool,
+    causal: int,
     cu_seqlens: int | None = None,
+    mask_type: bool = False,
 ) -> OpFlops | None:
     """Scaled-dot-product attention. Tensors q, k, v start at argument 0 (forward) or 1
     (backward, after grad_out).
@@ -221,6 +227,8 @@ def _attention(
     `cu_seqlens`: argument index of cumulative sequence lengths. When that tensor is present the
     batch is packed varlen, q (T, H, E) or (1, T, H, E) holding n sequences of unknown lengths;
     FLOPs are then counted as n equal sequences of T/n, a lower bound of sum(L_i * S_i).
+    `causal`: argument index of is_causal (of custom_mask_type where `mask_type`: 1 and 2 are the
+    causal masks of the efficient kernels).
     """
     first = 1 if backward else 0
     q, k, v = (args.tensor(first + i) for i in range(3))
@@ -240,6 +248,9 @@ def _attention(
     if seqs is not None and seqs[0] > 1:
         per_seq = 1.0 / (seqs[0] - 1)  # n sequences of T/n: sum L_i*S_i = T*S/n
     pairs = batch * seq_q * seq_k * per_seq  # query-key pairs
+    mask = args.value(causal)
+    if seq_q == seq_k and (mask in (1, 2) if mask_type else mask is True):
+        pairs /= 2  # the masked upper triangle is skipped
     flops = 2.0 * pairs * ((3 * e + 2 * ev) if backward else (e + ev))
     out = (*q[:-1], ev)
     # Forward reads q, k, v and writes out; backward reads q, k, v, out, grad_out and writes
@@ -403,34 +414,41 @@ _HANDLERS: dict[str, Callable[[_Args], OpFlops | None]] = {
     "mv": partial(_mv, mat=0, vec=1),
     "addmv": partial(_mv, mat=1, vec=2, extra_reads=(0,)),  # (self, mat, vec, beta, alpha)
     "_scaled_mm": _scaled_mm,
-    # (B, H, L, E) layout: the public op and the _scaled_dot_product_* ops under it.
-    **dict.fromkeys(
-        (
-            "scaled_dot_product_attention",
-            "_scaled_dot_product_flash_attention",
-            "_scaled_dot_product_efficient_attention",
-            "_scaled_dot_product_cudnn_attention",
-            "_scaled_dot_product_flash_attention_for_cpu",
-        ),
-        partial(_attention, backward=False, heads_second=True),
-    ),
-    **dict.fromkeys(
-        (
-            "_scaled_dot_product_flash_attention_backward",
-            "_scaled_dot_product_efficient_attention_backward",
-            "_scaled_dot_product_cudnn_attention_backward",
-            "_scaled_dot_product_flash_attention_for_cpu_backward",
-        ),
-        partial(_attention, backward=True, heads_second=True),
-    ),
+    # (B, H, L, E) layout: the public op and the _scaled_dot_product_* ops under it, and
+    # _cudnn_attention_* below the cuDNN one (torch >= 2.9). The third value is is_causal's index,
+    # the fourth the cumulative sequence lengths' (torch 2.13 native_functions.yaml).
+    **{
+        name: partial(_attention, backward=backward, heads_second=True, causal=causal, cu_seqlens=seqs)
+        for name, backward, causal, seqs in (
+            ("scaled_dot_product_attention", False, 5, None),
+            ("_scaled_dot_product_flash_attention", False, 4, None),
+            ("_scaled_dot_product_efficient_attention", False, 6, None),
+            ("_scaled_dot_product_cudnn_attention", False, 6, None),
+            ("_scaled_dot_product_flash_attention_for_cpu", False, 4, None),
+            ("_cudnn_attention_forward", False, 10, 4),
+            ("_scaled_dot_product_flash_attention_backward", True, 11, None),
+            ("_scaled_dot_product_efficient_attention_backward", True, 11, None),
+            ("_scaled_dot_product_cudnn_attention_backward", True, 14, None),
+            ("_scaled_dot_product_flash_attention_for_cpu_backward", True, 7, None),
+            ("_cudnn_attention_backward", True, 14, 9),
+        )
+    },
     # (B, L, H, E) layout. Forward (query, key, value, cum_seq_q, ...); backward
     # (grad_out, query, key, value, out, logsumexp, cum_seq_q, ...).
-    "_flash_attention_forward": partial(_attention, backward=False, heads_second=False, cu_seqlens=3),
-    "_flash_attention_backward": partial(_attention, backward=True, heads_second=False, cu_seqlens=6),
+    "_flash_attention_forward": partial(
+        _attention, backward=False, heads_second=False, causal=8, cu_seqlens=3
+    ),
+    "_flash_attention_backward": partial(
+        _attention, backward=True, heads_second=False, causal=11, cu_seqlens=6
+    ),
     # Forward (query, key, value, bias, cu_seqlens_q, ...); backward
-    # (grad_out, query, key, value, bias, out, cu_seqlens_q, ...).
-    "_efficient_attention_forward": partial(_attention, backward=False, heads_second=False, cu_seqlens=4),
-    "_efficient_attention_backward": partial(_attention, backward=True, heads_second=False, cu_seqlens=6),
+    # (grad_out, query, key, value, bias, out, cu_seqlens_q, ...). The mask is custom_mask_type.
+    "_efficient_attention_forward": partial(
+        _attention, backward=False, heads_second=False, causal=9, cu_seqlens=4, mask_type=True
+    ),
+    "_efficient_attention_backward": partial(
+        _attention, backward=True, heads_second=False, causal=14, cu_seqlens=6, mask_type=True
+    ),
     "convolution_backward": _conv_backward,
     "cudnn_convolution_backward_input": partial(_conv_grad, weight=2),
     "cudnn_convolution_backward_weight": partial(_conv_grad, weight=None),

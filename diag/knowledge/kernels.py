@@ -175,7 +175,8 @@ def gemm_dtype(name: str) -> str | None:
     if classify(name) not in _MATMUL:
         return None
     text = head(name)
-    return next((p.dtype for p in DTYPE_PATTERNS if p.regex.search(text)), None)
+    # The first row that matches decides; "" is a row saying the name gives no dtype.
+    return next((p.dtype for p in DTYPE_PATTERNS if p.regex.search(text)), None) or None
 
 
 # The collective an NCCL/RCCL kernel runs, from its name (ncclDevKernel_AllReduce_..., ncclSymkDevKernel_...).

@@ -131,13 +131,18 @@ _GRAD_OUTPUT_AT = {
 
 def _conv_outputs(ops: pa.Table) -> pa.Array:
     """Per op, the shape its FLOPs need from its partner op, as JSON text, else null. A forward
-    convolution with shapes but no `Concrete Inputs` (torch before 2.1): its output shape, from
+    convolution with shapes (its stride unknown where `Concrete Inputs` are off or, before torch
+    2.1, not recorded): its output shape, from
     the grad_output of a backward op (_GRAD_OUTPUT_AT) whose autograd node has the same sequence
     number as the forward op around it. torch 1.x's cudnn_convolution_backward_weight: its weight's
     shape, from the forward convolution of the same sequence number."""
-    name, concrete, dims = ops.column("name"), ops.column("concrete"), ops.column("dims")
+    name, dims = ops.column("name"), ops.column("dims")
     conv = numpy_of(pc.is_in(name, _conv_forward()).fill_null(False), bool) & _valid(dims)
-    fwd = conv & ~_valid(concrete)
+    # Every forward convolution, not only those with no `Concrete Inputs`: with the recording of
+    # concrete inputs off (torch >= 2.1's knob), torch 2.11 still writes the scalars and leaves the
+    # stride and padding lists "" (a real H200 capture). flops.py takes stride/padding when they are
+    # there and this output only when they are not.
+    fwd = conv
     bwd = numpy_of(pc.is_in(name, pa.array(sorted(_GRAD_OUTPUT_AT))).fill_null(False), bool) & _valid(dims)
     wgrad = numpy_of(pc.equal(name, flops_mod.CONV_WEIGHT_GRAD).fill_null(False), bool) & _valid(dims)
     out: list[str | None] = [None] * ops.num_rows

@@ -489,7 +489,8 @@ _HOST_MARKS = """
 _CPU_OPS = """
     SELECT file_id, coalesce(tid, -1) AS tid, ts_ns AS ts, ts_ns + dur_ns AS "end", name, cat, fwd_tid, external_id,
            input_dims::VARCHAR AS dims, input_types::VARCHAR AS types, trace_flops,
-           CASE WHEN name LIKE '%conv%' THEN (args->'Concrete Inputs')::VARCHAR END AS concrete, seq_num AS seq
+           CASE WHEN name LIKE '%conv%' OR name LIKE '%attention%'
+                THEN (args->'Concrete Inputs')::VARCHAR END AS concrete, seq_num AS seq
     FROM cpu_ops WHERE file_id IN ({files}) ORDER BY file_id, coalesce(tid, -1), ts_ns, dur_ns DESC
 """
 

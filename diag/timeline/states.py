@@ -36,6 +36,9 @@ class StepStates(msgspec.Struct, frozen=True):
     exec_flops: float
     recompute_flops: float
     fwd_flops: float
+    # The recomputed FLOPs of GEMM kernels (linear layers), not attention: selective recomputation
+    # re-runs attention alone, full recomputation whole layers (MFU004 tells them apart by it).
+    recompute_gemm_flops: float = 0.0
 
 
 class StateRuns(msgspec.Struct, frozen=True):
@@ -87,6 +90,7 @@ def rank_states(tl: RankTimeline) -> tuple[list[StepStates], StateRuns, Waitable
             p2p_only_ns=int(sums["p2p"][i]), wait_ns=0, dataloader_ns=int(sums["dl"][i]),
             host_bound_ns=int(sums["host"][i]), recompute_ns=int(sums["recompute"][i]), model_flops=0.0, exec_flops=flops["exec"][i],
             recompute_flops=flops["recompute"][i], fwd_flops=flops["forward"][i],
+            recompute_gemm_flops=flops["recompute_gemm"][i],
         ))
     state_idx = np.select([compute, comm, copy], [0, 1, 2], default=3).astype(np.int8)
     waitable = _runs(seg, win, (comm & ~p2p_only).astype(np.int8))
@@ -199,7 +203,9 @@ def _step_flops(tl: RankTimeline) -> dict[str, list[float]]:
         # bincount adds in activity order, as a loop over them would: the same sums to the bit.
         return np.bincount(tl.step_of[mask], weights=tl.flops[mask], minlength=len(tl.steps.step)).tolist()
 
-    return {"exec": per_step(launched), "recompute": per_step(launched & (tl.phase == "recompute")),
+    recompute = launched & (tl.phase == "recompute")
+    return {"exec": per_step(launched), "recompute": per_step(recompute),
+            "recompute_gemm": per_step(recompute & (tl.kclass == "gemm")),
             "forward": per_step(launched & (tl.phase == "forward"))}
 
 
