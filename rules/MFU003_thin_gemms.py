@@ -153,8 +153,13 @@ class ThinGemms(Rule[Params]):
             # No tensor parallelism or QKV there: the thin dimension is the per-rank batch.
             advice = "give each GEMM enough rows to fill the GPU: raise the per-rank batch size"
         else:
-            advice = ("give each GEMM enough tokens to fill the GPU: raise the micro-batch size, lower "
-                      "--tensor-model-parallel-size, fuse small projections (QKV in one GEMM)")
+            # Lowering TP only where the run can have it: more than one rank, and no mesh that
+            # settles the tensor-parallel degree at 1 (pg_config lists no TP group: mesh.py).
+            tp = run.world_size > 1 and not (run.mesh is not None and "tp" in run.mesh.certain
+                                             and run.mesh.dims.get("tp", 1) == 1)
+            advice = ("give each GEMM enough tokens to fill the GPU: raise the micro-batch size, "
+                      + ("lower --tensor-model-parallel-size, " if tp else "")
+                      + "fuse small projections (QKV in one GEMM)")
             if attention_s:
                 advice += "; attention done as batched matmuls belongs in F.scaled_dot_product_attention"
             if run.inference:   # decode GEMMs are thin by the batch: M is the number of sequences in flight

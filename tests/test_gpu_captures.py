@@ -2,8 +2,7 @@
 checked against a count made here from the program's layer shapes or from the raw trace JSON.
 
 The per-step figures come from the store diag writes (`gpu_states`: the step's window and its model,
-recomputed FLOPs); the MFU is the mean over steps of model FLOPs ÷ (window × dense peak), as
-DESIGN.md's ledger defines it.
+recomputed FLOPs); the MFU is Σ model FLOPs ÷ (Σ windows × dense peak), docs/ledger.md.
 """
 
 from __future__ import annotations
@@ -38,7 +37,8 @@ class Run:
         return [row[2] for row in self.steps]
 
     def mfu_by_hand(self, flops_per_step: float, peak: float) -> float:
-        return statistics.fmean(flops_per_step / (window * 1e-9 * peak) for _, window, _, _ in self.steps)
+        """FLOPs per step ÷ (mean window × peak): Σ FLOPs ÷ (Σ windows × peak) with equal steps."""
+        return flops_per_step / (statistics.fmean(window for _, window, _, _ in self.steps) * 1e-9 * peak)
 
 
 def analyze(case: str, tmp_path: Path) -> Run:
@@ -158,3 +158,13 @@ def test_full_recomputation_of_every_block_is_called_full(tmp_path: Path) -> Non
         (recomputed_linear + attention) / forward, rel=1e-9)
     assert finding["details"]["recompute_linear_share"] == pytest.approx(
         recomputed_linear / (recomputed_linear + attention), rel=1e-9)
+
+
+def test_one_rank_is_not_told_to_lower_tensor_parallelism(tmp_path: Path) -> None:
+    """A one-rank NCCL group: NCCL runs no kernel for a group of one, the 2048³ fp32 GEMM is thin on
+    132 SMs (128 output tiles), and with one rank there is no TP degree to lower."""
+    r = analyze("nccl_one_rank", tmp_path).report
+    assert r["world_size"] == 1
+    thin = next(f for f in r["findings"] if f["code"] == "MFU003")
+    assert thin["details"]["shapes"][0]["output_tiles"] == 128
+    assert "tensor-model-parallel" not in thin["advice"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from diag.attribution import gemm_shape, workload_mix
 from diag.attribution.digest import RankDigest
-from diag.attribution.ledger import StepLedger
+from diag.attribution.ledger import StepLedger, weighted_share
 from diag.attribution.mesh import Mesh
 from diag.knowledge.hardware import Part, Vendor, vendor_of
 from diag.timeline.clocks import ClockOffset
@@ -220,9 +220,8 @@ class RunContext(msgspec.Struct):
         return vendor_of(self.peak.part_key, names[0] if names else None)
 
     def mean_fraction(self, bucket: str) -> float:
-        if not self.ledgers:
-            return 0.0
-        return sum(lg.fractions()[bucket] for lg in self.ledgers) / len(self.ledgers)
+        """The bucket's share of all analyzed rank-step time (the report's `ledger`)."""
+        return weighted_share(self.ledgers, bucket)
 
     def mean_seconds(self, bucket: str) -> float:
         if not self.ledgers:

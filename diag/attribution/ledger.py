@@ -8,6 +8,8 @@ claims falls to the residual bucket of its pool. docs/ledger.md is the arithmeti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from diag.timeline.states import StepStates
@@ -79,3 +81,10 @@ class StepLedger(msgspec.Struct):
     def _fractions(self) -> dict[str, float]:
         w = self.window_s
         return {b: (s / w if w > 0 else 0.0) for b, s in self.buckets.items()}
+
+
+def weighted_share(ledgers: Sequence[StepLedger], bucket: str) -> float:
+    """`bucket`'s share of the summed windows of `ledgers` (0 for none): each rank-step counts by
+    its length, so a share is seconds over seconds and the mean of model_compute is the MFU."""
+    total = sum(lg.window_s for lg in ledgers)
+    return sum(lg.buckets[bucket] for lg in ledgers) / total if total > 0 else 0.0

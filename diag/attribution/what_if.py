@@ -252,13 +252,13 @@ class _Chain:
 
 
 def _mfu(run: RunContext, ratio: dict[int, float]) -> float | None:
-    """The MFU as the report computes it (mean over ranks and steps) with each step's windows
-    scaled by its ratio."""
+    """The MFU as the report computes it (Σ model FLOPs ÷ (Σ windows × peak) over ranks and steps)
+    with each step's windows scaled by its ratio."""
     if run.peak.flops_per_s is None:
         return None
-    vals = [(st.model_flops or 0.0) / (st.window_ns * 1e-9 * ratio.get(st.step, 1.0) * run.peak.flops_per_s)
-            for st in run.states.values() if st.window_ns > 0]
-    return statistics.fmean(vals) if vals else None
+    vals = [st for st in run.states.values() if st.window_ns > 0]
+    at_peak = sum(st.window_ns * 1e-9 * ratio.get(st.step, 1.0) for st in vals) * run.peak.flops_per_s
+    return sum(st.model_flops or 0.0 for st in vals) / at_peak if vals else None
 
 
 # ---- the causes ----------------------------------------------------------------------------------

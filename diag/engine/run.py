@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing, contextmanager, nullcontext
@@ -537,8 +536,9 @@ def _utilization(states: dict[tuple[int, int], StepStates], peak: Peak) -> tuple
     flops = [st.model_flops for st in vals]
     if not vals or any(f is None for f in flops) or not any(flops):
         return None, None
-    per_s = peak.flops_per_s
-    mfu = statistics.fmean((st.model_flops or 0.0) / (st.window_ns * 1e-9 * per_s) for st in vals)
-    hfu = statistics.fmean(((st.model_flops or 0.0) + st.recompute_flops) / (st.window_ns * 1e-9 * per_s)
-                           for st in vals)
-    return mfu, hfu
+    # Σ FLOPs ÷ (Σ windows × peak): the model FLOPs/s of the analyzed time (DESIGN.md), which is the
+    # ledger's model_compute share (time-weighted), not a mean of per-step ratios that a slow step
+    # would count as much as a fast one.
+    at_peak = sum(st.window_ns for st in vals) * 1e-9 * peak.flops_per_s
+    model = sum(st.model_flops or 0.0 for st in vals)
+    return model / at_peak, (model + sum(st.recompute_flops for st in vals)) / at_peak

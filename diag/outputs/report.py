@@ -13,7 +13,7 @@ from typing import Any
 
 from diag import __version__
 from diag.attribution.critical_path import report_entry
-from diag.attribution.ledger import BUCKETS
+from diag.attribution.ledger import BUCKETS, StepLedger, weighted_share
 from diag.attribution.what_if import what_if_words
 from diag.attribution.workload_mix import FEATURES
 from diag.engine.run import Analysis
@@ -27,12 +27,12 @@ _BAR = 40
 def build_report(a: Analysis) -> dict[str, Any]:
     run = a.run
     lgs = run.ledgers
-    by_rank: dict[int, list[dict[str, float]]] = defaultdict(list)
-    by_step: dict[int, list[dict[str, float]]] = defaultdict(list)
+    by_rank: dict[int, list[StepLedger]] = defaultdict(list)
+    by_step: dict[int, list[StepLedger]] = defaultdict(list)
     rank_windows: dict[int, list[float]] = defaultdict(list)
     for lg in lgs:
-        by_rank[lg.rank].append(lg.fractions())
-        by_step[lg.step].append(lg.fractions())
+        by_rank[lg.rank].append(lg)
+        by_step[lg.step].append(lg)
         rank_windows[lg.rank].append(lg.window_s)
     windows = [lg.window_s for lg in lgs]
     rank_time = {r: statistics.fmean(w) for r, w in rank_windows.items()}
@@ -56,8 +56,9 @@ def build_report(a: Analysis) -> dict[str, Any]:
                    "graph_kernel_fraction": _ratio(sum(r.graph_kernel_ns for r in run.ranks),
                                                    sum(r.kernel_ns for r in run.ranks))},
         "step_time_s": statistics.median(windows) if windows else None,
-        "step_time_spread_s": {"min": min(windows), "median": statistics.median(windows), "max": max(windows)}
-        if windows else None,
+        # additive: `mean`, the rank-steps' mean window: the MFU is model FLOPs per rank-step ÷ (it × peak)
+        "step_time_spread_s": {"min": min(windows), "median": statistics.median(windows), "max": max(windows),
+                               "mean": statistics.fmean(windows)} if windows else None,
         "mfu": run.mfu,
         "mfu_bf16": run.peak.mfu_bf16(run.mfu),
         "hfu": run.hfu,
@@ -65,7 +66,7 @@ def build_report(a: Analysis) -> dict[str, Any]:
         # bounds where that is under 0.9 and `mfu` is null (docs/mfu.md)
         "flops_coverage": run.flops_coverage,
         "mfu_range": None if run.mfu_range is None else list(run.mfu_range),
-        "ledger": _mean([lg.fractions() for lg in lgs]),
+        "ledger": _mean(lgs),
         "ledger_by_rank": {str(r): m for r, m in sorted(rank_mean.items())},
         "ledger_by_step": {str(s): _mean(v) for s, v in sorted(by_step.items())},
         "ledger_median_over_steps": {b: statistics.median(_mean(v)[b] for v in by_step.values()) for b in BUCKETS}
@@ -109,10 +110,10 @@ def _ratio(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
-    if not rows:
-        return dict.fromkeys(BUCKETS, 0.0)
-    return {b: sum(r[b] for r in rows) / len(rows) for b in BUCKETS}
+def _mean(lgs: list[StepLedger]) -> dict[str, float]:
+    """Each bucket's share of the rank-steps' summed windows: a time-weighted mean, so that
+    `model_compute` is Σ model FLOPs ÷ (Σ windows × peak), the MFU."""
+    return {b: weighted_share(lgs, b) for b in BUCKETS}
 
 
 def _finding(f: Any) -> dict[str, Any]:
@@ -156,8 +157,10 @@ def _header(r: dict[str, Any], name: Any = str) -> list[str]:
     st = r["step_time_s"]
     ranks = ranks_traced(len(r["ranks"]), r["world_size"])
     spread = r.get("step_time_spread_s")   # absent from reports of earlier versions (gate baselines)
-    over = f"median; min {duration(spread['min'])}, max {duration(spread['max'])}" \
-        if spread and spread["min"] < spread["max"] else "median"
+    over = "median"
+    if spread and spread["min"] < spread["max"]:
+        mean = f"mean {duration(spread['mean'])}, " if spread.get("mean") is not None else ""
+        over = f"median; {mean}min {duration(spread['min'])}, max {duration(spread['max'])}"
     lines = [
         f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {name(d['name'] or gpu)} · {peak}",
         f"step time {duration(st)} ({over})   MFU {mfu_words(r)}   HFU {percent(r['hfu'])}{_bf16(r)}"

@@ -27,6 +27,7 @@ class Spread(msgspec.Struct, frozen=True):
     min: float
     median: float
     max: float
+    mean: float | None = None   # additive: the mean window, the time the MFU divides by
 
 
 class ExcludedStep(msgspec.Struct, frozen=True):
