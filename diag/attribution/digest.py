@@ -23,6 +23,7 @@ from diag.attribution.workload_mix import Mix, attention_bmms, mix_of
 from diag.knowledge import isa, kernels
 from diag.timeline.collectives import Call, calls_of
 from diag.timeline.columns import numpy_of
+from diag.timeline.pipeline_actions import PipeAction
 from diag.timeline.rank import MATMUL_CLASSES, RankTimeline, Steps
 from diag.timeline.states import I64, StateRuns, StepStates, Waitable, exposed_comm_ns, rank_states
 
@@ -63,6 +64,7 @@ class RankDigest(msgspec.Struct):
     unshaped_ns_by_step: list[int] = msgspec.field(default_factory=list)
     unshaped_ns_by_why: dict[str, int] = msgspec.field(default_factory=dict)
     isa: str | None = None              # the AMD gfx target kernel names carry (knowledge/isa.py), if any
+    pipeline_actions: list[PipeAction] = msgspec.field(default_factory=list)   # `PP:` schedule actions
 
 
 def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankDigest, StateRuns]:
@@ -90,6 +92,7 @@ def digest_rank(con: duckdb.DuckDBPyConnection, tl: RankTimeline) -> tuple[RankD
         matmul_flops=float(tl.flops[matmul].sum()),
         unshaped_ns_by_step=_unshaped_by_step(tl, matmul), unshaped_ns_by_why=_unshaped_by_why(tl, matmul),
         isa=isa.most_common_isa(pc.unique(tl.acts.column("name")).drop_null().to_pylist()),
+        pipeline_actions=tl.pipeline_actions,
     )
     return digest, runs
 

@@ -13,7 +13,12 @@
 - Interleaved (v model chunks per rank): the last rank sends activations on to the first, so the
   chain closes into a ring; the wrap-around channel carries (v−1)·m transfers per step and the
   others v·m, which gives m and v.
+- Bidirectional (DeepSeek's DualPipe): microbatches enter from both ends, so both chain ends' first
+  transfer of a step is a send.
 - Ideal bubble (DESIGN.md): (p−1)/(m+p−1) of the step; interleaved ÷ v.
+- Where the ranks name their schedule's actions (torch.distributed.pipelining's `PP:` annotations),
+  the schedule, its placement and the F, I, W times come from them (pipeline_schedules.py), and
+  zero-bubble and DualPipe schedules get their own ideal bubble.
 """
 
 from __future__ import annotations
@@ -25,8 +30,20 @@ from collections.abc import Iterable
 import msgspec
 
 from diag.timeline.collectives import Call
+from diag.timeline.pipeline_actions import PipeAction
+from diag.timeline.pipeline_schedules import (
+    DUALPIPE,
+    GPIPE,
+    INTERLEAVED,
+    ONE_F_ONE_B,
+    TIMED,
+    UNKNOWN,
+    ChunkTimes,
+    ideal_bubble_s,
+    schedule_from_actions,
+)
 
-GPIPE, ONE_F_ONE_B, INTERLEAVED, UNKNOWN = "gpipe", "1f1b", "interleaved", "unknown"
+__all__ = ["GPIPE", "INTERLEAVED", "ONE_F_ONE_B", "UNKNOWN", "PipelineLayout", "detect_layout"]
 # 1F1B's last stage holds at most this many activations before sending a gradient back: one, or two
 # when the combined op posts its receive before its send.
 _ONE_F_ONE_B_IN_FLIGHT = 2
@@ -35,26 +52,37 @@ _ONE_F_ONE_B_IN_FLIGHT = 2
 class PipelineLayout(msgspec.Struct, frozen=True):
     stages: int | None
     microbatches: int | None
-    schedule: str                  # gpipe | 1f1b | interleaved | unknown
-    virtual_stages: int            # v: model chunks per rank (1 unless interleaved)
+    schedule: str                  # pipeline_schedules.NAMES: gpipe | 1f1b | interleaved | zb-h1 | ... | unknown
+    virtual_stages: int            # v: model chunks per rank (1 unless interleaved or V-placed)
     replicas: int                  # pipelines seen (data/tensor-parallel copies of the chain)
     how: str                       # one line: what the figures were read from
+    times: ChunkTimes | None = None   # measured chunk times, where the trace names the actions
+    bubble_s: float | None = None     # the schedule's ideal bubble per step, seconds (TIMED schedules)
 
     @property
     def theoretical_bubble(self) -> float | None:
-        """(p−1)/(m+p−1) of the step, ÷ v when interleaved (DESIGN.md)."""
-        p, m = self.stages, self.microbatches
-        if not p or not m:
-            return None
-        return (p - 1) / (m + p - 1) / self.virtual_stages
+        """(p−1)/(m+p−1) of the step, ÷ v when interleaved (DESIGN.md); for zero-bubble and DualPipe
+        schedules their ideal time over itself plus the rank's work m·v·(F+B) (pipeline_schedules.py)."""
+        return self.bubble_with(self.microbatches) if self.microbatches else None
 
     def bubble_with(self, microbatches: int) -> float | None:
         p = self.stages
+        if self.schedule in TIMED:
+            if self.bubble_s is None or self.times is None:
+                return None
+            work = microbatches * self.virtual_stages * (self.times.F + self.times.B)
+            return self.bubble_s / (self.bubble_s + work) if self.bubble_s + work > 0 else None
         return None if not p else (p - 1) / (microbatches + p - 1) / self.virtual_stages
 
 
-def detect_layout(calls: Iterable[Call]) -> PipelineLayout | None:
-    """None when the run has no point-to-point transfer with a known direction and peer."""
+def detect_layout(calls: Iterable[Call], actions: dict[int, list[PipeAction]] | None = None) -> PipelineLayout | None:
+    """None when the run has no point-to-point transfer with a known direction and peer, nor a
+    rank that names its schedule's actions (`actions`: rank → its `PP:` actions)."""
+    named = schedule_from_actions(actions or {})
+    if named is not None:
+        bubble = ideal_bubble_s(named.schedule, named.stages, named.times) if named.times else None
+        return PipelineLayout(named.stages, named.microbatches, named.schedule, named.virtual_stages,
+                              named.replicas, named.how, named.times, bubble)
     p2p = sorted((c for c in calls if "sendrecv" in c.collective and c.direction and c.peer is not None),
                  key=lambda c: (c.rank, c.window, c.ts_ns))
     if not p2p:
@@ -101,6 +129,10 @@ def _chain(p2p: list[Call], components: list[set[int]], neighbours: dict[int, se
         _, last = _oriented(comp, neighbours, by_rank)
         if last is not None:
             held += _held_before_first_gradient(by_rank[last])
+    if all(_bidirectional(comp, neighbours, by_rank) for comp in components):
+        return PipelineLayout(p, m, DUALPIPE, 1, len(components),
+                              f"{len(components)} chain(s) of send/recv peers whose ends both send first "
+                              "(microbatches enter from both ends); microbatches: transfers per channel")
     schedule = UNKNOWN
     if held and m and m > _ONE_F_ONE_B_IN_FLIGHT:
         f = statistics.median(held)
@@ -136,6 +168,12 @@ def _oriented(comp: set[int], neighbours: dict[int, set[int]],
         first = starts[0]
         return first, next(r for r in ends if r != first)
     return None, None
+
+
+def _bidirectional(comp: set[int], neighbours: dict[int, set[int]], by_rank: dict[int, list[Call]]) -> bool:
+    """Both ends of the chain send first: DualPipe feeds microbatches in from both ends."""
+    ends = [r for r in comp if len(neighbours[r]) == 1]
+    return len(comp) > 2 and len(ends) == 2 and all(by_rank[r] and by_rank[r][0].direction == "send" for r in ends)
 
 
 def _held_before_first_gradient(calls: list[Call]) -> list[int]:

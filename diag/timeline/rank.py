@@ -48,6 +48,7 @@ from diag.timeline.phases import (
     is_dataloader_span,
     name_codes,
 )
+from diag.timeline.pipeline_actions import PipeAction, pipeline_actions
 
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
 MATMUL_CLASSES = frozenset({str(kernels.KernelClass.GEMM), str(kernels.KernelClass.ATTENTION)})  # str: kclass holds str
@@ -140,6 +141,7 @@ class RankTimeline:
     python_frames: PythonFrames | None = None   # a CPU-only run's, where it recorded with_stack
     host_spans: HostSpans | None = None         # a GPU run's launching threads
     host_timeline: bool = False       # no GPU activity: the activities are host ops (CPU-only run)
+    pipeline_actions: list[PipeAction] = field(default_factory=list)   # `PP:` schedule actions (pipeline_actions.py)
     backward_pass: bool = True        # a backward or optimizer op or a backward-only kernel ran: training
     warnings: list[str] = field(default_factory=list)
 
@@ -320,6 +322,7 @@ def build_rank(rows: RankRows) -> RankTimeline:
         python_frames=_training_thread_frames(frames, acts, ts, end) if rows.host else None,
         host_spans=None if rows.host else launching_threads(ops, frames, acts),
         host_timeline=rows.host and len(ts) > 0,
+        pipeline_actions=_actions(ops, op_ts, op_end, acts, kernel & (kclass != _COMM), steps),
         backward_pass=bool(np.isin(phases, TRAINING_PHASES).any())
         or any(is_backward_kernel(nm) for nm in pc.unique(acts.column("name")).drop_null().to_pylist()),
     )
@@ -402,6 +405,20 @@ def _classes(acts: pa.Table, host: bool) -> tuple[npt.NDArray[np.bool_], npt.NDA
     comm = kclass == _COMM
     collective[comm] = np.array(collectives, dtype=object)[codes[comm]]
     return kernel, kclass, collective.tolist()
+
+
+def _actions(ops: pa.Table, op_ts: I64, op_end: I64, acts: pa.Table, compute: npt.NDArray[np.bool_],
+             steps: Steps) -> list[PipeAction]:
+    """torch.distributed.pipelining's `PP:` actions, with the compute kernels launched inside each."""
+    names = ops.column("name")
+    if not pc.any(pc.starts_with(names.fill_null(""), "PP:")).as_py():
+        return []
+    launched = compute & _valid(acts.column("launch_ts"))
+    launch = _ints(acts.column("launch_ts"))[launched]
+    dur = (_ints(acts.column("end")) - _ints(acts.column("ts")))[launched]
+    order = np.argsort(launch, kind="stable")
+    return pipeline_actions(_strings(names), op_ts, op_end, launch[order], dur[order],
+                            steps.cpu_start_ns, steps.cpu_end_ns)
 
 
 def _launching_ops(ops: pa.Table, tid: I64, ts: I64, end: I64, acts: pa.Table) -> I64:
