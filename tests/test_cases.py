@@ -18,6 +18,7 @@ from diag.attribution.ledger import BUCKETS
 from diag.engine.run import Analysis, AnalyzeOptions
 from diag.outputs.consistency import contradictions
 from diag.outputs.report import render_text
+from diag.timeline.pipeline_schedules import TIMED
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
 from rules.MFU013_idle import Idle
@@ -235,6 +236,8 @@ def test_pipeline_layout_matches_truth(case: str, tmp_path_factory: pytest.TempP
     d = f["details"]
     assert (d["stages"], d["microbatches"], d["schedule"], d["virtual_stages"]) == (p, m, layout["schedule"], v)
     assert d["pipelines"] == layout["dp"] * layout["tp"]
+    if layout["schedule"] in TIMED:   # its ideal is a time from the F, I, W the trace measures: test_pipeline.py
+        return
     ideal = (p - 1) / (m + p - 1) / v
     assert d["theoretical_bubble"] == pytest.approx(ideal, rel=1e-12)
     assert d["bubble_vs_theoretical_points"] == pytest.approx((f["lost_fraction"] - ideal) * 100, rel=1e-12)
