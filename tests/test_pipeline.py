@@ -1,14 +1,26 @@
 """The pipeline layout from send/recv calls (diag/timeline/pipeline_layout.py) on patterns the generator does not make:
 an interleaved ring and a pipeline whose end stages were not traced. GPipe and 1F1B chains are
-checked against the generator's truth in test_cases.py."""
+checked against the generator's truth in test_cases.py. Then the schedules torch.distributed.pipelining
+names action by action (pipeline_actions.py, pipeline_schedules.py): the generated zero-bubble and
+interleaved cases against a reading of their trace files by hand, and ZB-V, ZB-H2, DualPipe(V) patterns."""
 
 from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
 
 import msgspec
 import pytest
 
-from diag.timeline.collectives import Call
+from diag.api import analyze_path
+from diag.engine.run import AnalyzeOptions
+from diag.timeline.collectives import Call, Matched
+from diag.timeline.pipeline_actions import PipeAction, parse_action
 from diag.timeline.pipeline_layout import INTERLEAVED, UNKNOWN, detect_layout
+from diag.timeline.pipeline_schedules import DUALPIPE, DUALPIPE_V, ZB_H1, ZB_H2, ZB_V
+from fixtures.generate import generate
 
 
 def _p2p(rank: int, peer: int, direction: str, ts_ns: int, group_size: int | None = None) -> Call:
@@ -16,10 +28,10 @@ def _p2p(rank: int, peer: int, direction: str, ts_ns: int, group_size: int | Non
                 1 << 20, "BFloat16", ts_ns, ts_ns + 1000, direction, peer)
 
 
-def _transfers(src: int, dst: int, n: int, group_size: int | None = None) -> list[Call]:
-    """n transfers src → dst in one step, seen on both sides."""
-    return [c for i in range(n) for c in (_p2p(src, dst, "send", i * 10_000, group_size),
-                                           _p2p(dst, src, "recv", i * 10_000, group_size))]
+def _transfers(src: int, dst: int, n: int, group_size: int | None = None, t0: int = 0) -> list[Call]:
+    """n transfers src → dst in one step, seen on both sides, from t0 on."""
+    return [c for i in range(n) for c in (_p2p(src, dst, "send", t0 + i * 10_000, group_size),
+                                           _p2p(dst, src, "recv", t0 + i * 10_000, group_size))]
 
 
 def test_interleaved_ring_gives_m_and_v() -> None:
@@ -49,3 +61,128 @@ def test_untraced_end_stages_fall_back_to_the_group_size() -> None:
 def test_send_recv_without_a_peer_gives_no_layout() -> None:
     calls = [msgspec.structs.replace(c, peer=None) for c in _transfers(0, 1, 4)]
     assert detect_layout(calls) is None
+
+
+# ---- schedules named by their actions (torch.distributed.pipelining's PP: record_functions) -------------
+
+def _action_times_by_hand(trace_dir: Path) -> dict[str, float]:
+    """Median GPU time, seconds, of each kind of PP: compute action over every rank's steps, read from
+    the trace files directly: the compute kernels whose launch call began inside the action's span."""
+    per_kind: dict[str, list[float]] = {}
+    for path in sorted(trace_dir.glob("rank-*.json")):
+        events = json.loads(path.read_text())["traceEvents"]
+        steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name", "").startswith("ProfilerStep#")]
+        kernels = {e["args"]["correlation"]: e["dur"] for e in events
+                   if e.get("cat") == "kernel" and not e["name"].startswith("nccl")}
+        launches = [(e["ts"], e["args"]["correlation"]) for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+        for e in events:
+            m = re.fullmatch(r"PP:\d+([FIWB])\d+", e.get("name", ""))
+            if m is None or not any(a <= e["ts"] < b for a, b in steps):
+                continue
+            end = e["ts"] + e["dur"]
+            gpu_us = sum(kernels.get(c, 0.0) for t, c in launches if e["ts"] <= t <= end)
+            per_kind.setdefault(m[1], []).append(gpu_us * 1e-6)
+    return {k: statistics.median(v) for k, v in per_kind.items()}
+
+
+def test_zero_bubble_is_detected_with_its_own_ideal_bubble(tmp_path: Path) -> None:
+    # ZB-H1 (Qi et al. 2023): bubble (p-1)(F+B-2W) per step, B = I + W (DeepSeek-V3 Table 2), over the
+    # step as that time over itself plus the rank's work m·(F+B).
+    generate("pipeline_zero_bubble", tmp_path)
+    truth = json.loads((tmp_path / "truth.json").read_text())["layout"]
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    f = next(f for f in report["findings"] if f["code"] == "MFU002")
+    d = f["details"]
+    p, m = truth["pp"], truth["microbatches"]
+    assert (d["schedule"], d["stages"], d["microbatches"], d["virtual_stages"]) == (ZB_H1, p, m, 1) == (
+        truth["schedule"], p, m, truth["interleave"])
+    t = _action_times_by_hand(tmp_path)
+    assert set(t) == {"F", "I", "W"}
+    b = t["I"] + t["W"]
+    ideal_s = (p - 1) * (t["F"] + b - 2 * t["W"])
+    assert d["chunk_times_ms"] == pytest.approx({"F": t["F"] * 1e3, "I": t["I"] * 1e3, "W": t["W"] * 1e3, "B": b * 1e3},
+                                                rel=1e-9)
+    assert d["theoretical_bubble_s"] == pytest.approx(ideal_s, rel=1e-9)
+    assert d["theoretical_bubble"] == pytest.approx(ideal_s / (ideal_s + m * (t["F"] + b)), rel=1e-9)
+    assert d["bubble_formula"] == "(p-1)(F+B-2W)"
+    assert "zero-bubble ZB-H1" in f["summary"] and f"p={p}" in f["summary"]
+    # Advice fits the schedule: no "try zero-bubble" for a run that is zero-bubble, no interleaving pitch.
+    assert "zero-bubble already" in f["advice"] and "interleaved schedule" not in f["advice"]
+
+
+def test_interleaved_actions_give_v_and_the_ring(tmp_path: Path) -> None:
+    generate("pipeline_interleaved", tmp_path)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    f = next(f for f in report["findings"] if f["code"] == "MFU002")
+    d = f["details"]
+    assert (d["schedule"], d["stages"], d["microbatches"], d["virtual_stages"]) == (INTERLEAVED, 4, 8, 2)
+    assert d["theoretical_bubble"] == pytest.approx(3 / 11 / 2, rel=1e-12)
+    assert "loop-placed" in d["layout_from"]
+    assert "or use the interleaved schedule" not in f["advice"]
+    # Without the PP: names the send/recv ring alone gives the same layout (Megatron names no action).
+    layout = detect_layout(m.call for m in _matched(tmp_path))
+    assert layout is not None and (layout.schedule, layout.stages, layout.microbatches, layout.virtual_stages) == (
+        INTERLEAVED, 4, 8, 2)
+
+
+def _matched(trace_dir: Path) -> list[Matched]:
+    analysis, _ = analyze_path(str(trace_dir), None, AnalyzeOptions(model=str(trace_dir / "model.toml")), warn=False)
+    return analysis.run.matched
+
+
+def _act(stage: int | tuple[int, int], kind: str, mb: int, ns: int, step: int = 0) -> PipeAction:
+    stages = stage if isinstance(stage, tuple) else (stage,)
+    return PipeAction(stages, kind, mb, step, 0, ns)
+
+
+def test_action_names_as_torch_writes_them() -> None:
+    assert parse_action("PP:3F1") == ((3,), "F", 1)
+    assert parse_action("PP:12W10") == ((12,), "W", 10)
+    assert parse_action("PP:(0F4;7I0)OVERLAP_F_B") == ((0, 7), "F&B", 4)
+    assert parse_action("PP:2SEND_F1") is None and parse_action("PP:0RECV_B3") is None
+    assert parse_action("Forward 0") is None
+
+
+def test_v_placed_split_backward_is_zb_v_and_overlap_is_dualpipe_v() -> None:
+    # p = 2 ranks, 4 stages in a V: rank 0 holds 0 and 3, rank 1 holds 1 and 2 (ScheduleZBVZeroBubble).
+    def rank(stages: tuple[int, int], overlap: bool) -> list[PipeAction]:
+        out = []
+        for mb in range(4):
+            for s in stages:
+                out += [_act(s, "F", mb, 100), _act(s, "I", mb, 100), _act(s, "W", mb, 100)]
+        if overlap:
+            out.append(_act((stages[0], stages[1]), "F&B", 0, 150))
+        return out
+
+    zbv = detect_layout([], {0: rank((0, 3), False), 1: rank((1, 2), False)})
+    assert zbv is not None and (zbv.schedule, zbv.stages, zbv.virtual_stages, zbv.microbatches) == (ZB_V, 2, 2, 4)
+    assert zbv.bubble_s == 0.0 and zbv.theoretical_bubble == 0.0
+    dv = detect_layout([], {0: rank((0, 3), True), 1: rank((1, 2), True)})
+    assert dv is not None and dv.schedule == DUALPIPE_V
+    # DualPipe's (PP/2-1)(F&B+B-3W) with PP = 4 stages on p = 2 ranks: (2-1)(150 + 200 - 300) ns.
+    assert dv.bubble_s == pytest.approx(50e-9)
+
+
+def test_zb_h2_warms_up_with_more_forwards_than_stages() -> None:
+    # ZB-H2 (Qi et al. Figure 3): stage 0 runs up to 2p-1 forwards before its first I; ZB-H1 p.
+    p, m = 2, 6
+    def stage0(warm: int) -> list[PipeAction]:
+        out = [_act(0, "F", k, 100) for k in range(warm)]
+        for k in range(m - warm):
+            out += [_act(0, "F", warm + k, 100), _act(0, "I", k, 100), _act(0, "W", k, 100)]
+        return out + [a for k in range(m - warm, m) for a in (_act(0, "I", k, 100), _act(0, "W", k, 100))]
+    last = [a for k in range(m) for a in (_act(1, "F", k, 100), _act(1, "I", k, 100), _act(1, "W", k, 100))]
+    h1 = detect_layout([], {0: stage0(p - 1), 1: last})
+    h2 = detect_layout([], {0: stage0(2 * p - 1), 1: last})
+    assert h1 is not None and h2 is not None and (h1.schedule, h2.schedule) == (ZB_H1, ZB_H2)
+    assert h1.bubble_s == pytest.approx((p - 1) * (100 + 200 - 200) * 1e-9) and h2.bubble_s == 0.0
+
+
+def test_both_chain_ends_sending_first_is_dualpipe() -> None:
+    # DeepSeek's DualPipe feeds microbatches in from both ends: rank 0 and rank 3 both send first
+    # (each direction's first transfer out of an end at t = 0, the other direction's arrive later).
+    calls = _transfers(0, 1, 4) + _transfers(1, 2, 4, t0=1000) + _transfers(2, 3, 4, t0=2000)
+    calls += _transfers(3, 2, 4) + _transfers(2, 1, 4, t0=1000) + _transfers(1, 0, 4, t0=2000)
+    layout = detect_layout(calls)
+    assert layout is not None and (layout.schedule, layout.stages) == (DUALPIPE, 4)
+    assert layout.theoretical_bubble is None   # F, B, W unmeasured without the actions' names

@@ -46,8 +46,8 @@ def parse_action(name: str) -> tuple[tuple[int, ...], str, int] | None:
     if m := _ACTION.fullmatch(name):
         return (int(m[1]),), m[2], int(m[3])
     if m := _OVERLAP.fullmatch(name):
-        subs = [_ONE.fullmatch(part) for part in m[1].split(";")]
-        if len(subs) == 2 and all(subs) and subs[0] is not None and subs[1] is not None:
+        subs = [s for s in (_ONE.fullmatch(part) for part in m[1].split(";")) if s is not None]
+        if len(subs) == 2:
             fwd = next((s for s in subs if s[2] == FORWARD), subs[0])
             return tuple(int(s[1]) for s in subs), OVERLAPPED, int(fwd[3])
     return None
