@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from diag.api import analyze_path
-from diag.attribution.mesh import Mesh, infer
+from diag.attribution.mesh import DEGREES, Mesh, infer
 from diag.engine.run import AnalyzeOptions
 from diag.knowledge.process_groups import named, rows
-from diag.outputs.report import mesh_rows
+from diag.outputs.report import mesh_line, mesh_rows, render_markdown, render_text
 from diag.timeline.collectives import Call, Matched
 from fixtures.generate import generate
 from fixtures.scenarios import load_case
@@ -272,3 +272,33 @@ def test_too_little_gemm_per_tensor_parallel_collective(tmp_path: Path) -> None:
                 elif e["name"].startswith(("nvjet", "sm90_xmma_gemm", "void pytorch_flash::flash_")):   # GEMM, attention
                     matmul_ns += round(e["dur"] * 1000)
     assert d["gemm_us_per_collective"] == pytest.approx(matmul_ns / calls / 1e3, rel=0.01)
+
+
+def _parallelism(dims: dict[str, int], groups: list[dict[str, object]], sharding: str | None = "none",
+                 certain: tuple[str, ...] = DEGREES) -> dict[str, object]:
+    full = dict.fromkeys(DEGREES, 1) | dims
+    return {"parallelism": {"dims": full, "sharding": sharding, "groups": groups, "certain": list(certain)}}
+
+
+def test_the_mesh_line_names_degrees_sharding_and_groups_across_hosts() -> None:
+    tp = {"dim": "tp", "hosts": 2}
+    assert mesh_line(_parallelism({"dp": 4, "tp": 2, "pp": 2}, [tp, {"dim": "dp", "hosts": 4}], "fsdp")) == \
+        "mesh: dp 4 × tp 2 × pp 2 (fsdp), TP group spans 2 hosts"
+    assert mesh_line(_parallelism({"dp": 8}, [{"dim": "dp", "hosts": 1}])) == "mesh: dp 8"
+    assert mesh_line(_parallelism({"dp": 16}, [{"dim": "world", "hosts": None}], None, ())) == \
+        "mesh: dp 16 (dp inferred from traffic)"
+    # Not known: no process group in the trace, nothing wider than one, or an older report without the block.
+    assert mesh_line(_parallelism({"dp": 16}, [], None, ())) is None
+    assert mesh_line(_parallelism({}, [{"dim": "world", "hosts": 1}])) is None
+    assert mesh_line({}) is None
+
+
+def test_text_and_markdown_reports_show_the_mesh_line_made_inert(tmp_path: Path) -> None:
+    generate("tp_across_hosts", tmp_path, steps=1)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    line = "mesh: dp 2 × tp 8, TP group spans 2 hosts"
+    assert render_text(report).splitlines()[3] == line
+    assert line in render_markdown(report).splitlines()
+    # The line passes through sanitize.py like every other: a control sequence in a value comes out inert.
+    report["parallelism"]["sharding"] = "fsdp\x1b[2J"
+    assert "\x1b" not in render_text(report) and "\x1b" not in render_markdown(report)

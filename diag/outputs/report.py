@@ -102,6 +102,30 @@ def mesh_rows(r: dict[str, Any]) -> list[list[str]]:
             for (dim, desc, size, hosts, link), n in count.items()]
 
 
+def mesh_line(r: Mapping[str, Any]) -> str | None:
+    """The parallel layout in one line, 'mesh: dp 4 × tp 2 × pp 2 (fsdp), TP group spans 2 hosts', from
+    the report's `parallelism` block; None where the mesh is not known: no process group in the
+    trace, or no dimension wider than one. Degrees the trace does not settle (not in `certain`) are
+    said to be inferred."""
+    p = r.get("parallelism")   # absent from reports of earlier versions (gate baselines)
+    if not p or not p.get("groups"):
+        return None
+    wide = [d for d, n in p["dims"].items() if n and n > 1]
+    degrees = [f"{d} {p['dims'][d]}" for d in wide]
+    guessed = [d for d in wide if d not in (p.get("certain") or [])]
+    sharding = p.get("sharding")
+    if not degrees and sharding in (None, "none"):
+        return None
+    line = "mesh: " + (" × ".join(degrees) or "one rank per group") + (
+        f" ({sharding})" if sharding not in (None, "none") else "")
+    spans: dict[str, int] = {}
+    for g in p.get("groups") or []:   # the dimensions that should stay on one host (MFU014), widest first
+        if g["dim"] in ("tp", "cp", "ep") and g["hosts"] and g["hosts"] > 1:
+            spans[g["dim"]] = max(spans.get(g["dim"], 0), g["hosts"])
+    line += "".join(f", {d.upper()} group spans {n} hosts" for d, n in spans.items())
+    return line + (f" ({', '.join(guessed)} inferred from traffic)" if guessed else "")
+
+
 def _text(x: object) -> str:
     return "?" if x is None else str(x)
 
@@ -250,7 +274,10 @@ def path_line(r: Mapping[str, Any]) -> str:
 
 
 def render_text(r: dict[str, Any]) -> str:
-    lines = ["diag — where the step went", *_header(r), ""]
+    lines = ["diag — where the step went", *_header(r)]
+    if mesh := mesh_line(r):
+        lines.append(mesh)
+    lines.append("")
     lines.append("waterfall (MFU points, mean over ranks and steps)")
     lines.append(f"  {'peak':<22}{100.0:>7.1f}")
     for b, p in _waterfall(r):
@@ -284,7 +311,9 @@ def render_text(r: dict[str, Any]) -> str:
 
 def render_markdown(r: dict[str, Any]) -> str:
     h = _header(r, markdown)
-    out = ["# diag report", "", f"**{h[0]}**  ", h[1], "", "## Where the step went", "",
+    mesh = mesh_line(r)
+    out = ["# diag report", "", f"**{h[0]}**  ", h[1] + ("  " if mesh else ""), *([markdown(mesh)] if mesh else []),
+           "", "## Where the step went", "",
            "| | MFU points |", "|---|---:|", f"| peak | {100.0:.1f} |"]
     out += [f"| − {b} | {p:.1f} |" for b, p in _waterfall(r)]
     if (unsplit := unsplit_points(r)) is not None:
