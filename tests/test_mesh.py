@@ -302,3 +302,20 @@ def test_text_and_markdown_reports_show_the_mesh_line_made_inert(tmp_path: Path)
     # The line passes through sanitize.py like every other: a control sequence in a value comes out inert.
     report["parallelism"]["sharding"] = "fsdp\x1b[2J"
     assert "\x1b" not in render_text(report) and "\x1b" not in render_markdown(report)
+
+
+def test_hosts_come_from_the_host_names_in_the_file_names(tmp_path: Path) -> None:
+    """tp_intra_node's TP groups fit an 8-GPU host by rank ÷ 8; with tensorboard_trace_handler's
+    `{hostname}_{pid}` names putting even and odd ranks on two hosts, the names win and say so."""
+    generate(dataclasses.replace(load_case("tp_intra_node"), naming="tensorboard"), tmp_path, steps=1)
+    _, before = analyze_path(str(tmp_path), None, AnalyzeOptions(), warn=False)
+    tp = [g for g in before["parallelism"]["groups"] if g["dim"] == "tp"]
+    assert tp and all(g["hosts"] == 1 for g in tp) and "by the host names" in before["parallelism"]["how"]
+    for path in sorted(tmp_path.glob("*.pt.trace.json")):
+        rank = json.loads(path.read_text())["distributedInfo"]["rank"]
+        path.rename(path.with_name(path.name.replace(path.name.split("_")[0], f"node-{rank % 2}", 1)))
+    _, after = analyze_path(str(tmp_path), None, AnalyzeOptions(), warn=False)
+    tp = [g for g in after["parallelism"]["groups"] if g["dim"] == "tp"]
+    assert tp and all(g["hosts"] == 2 and g["link"] == "network" for g in tp)
+    p = after["parallelism"]
+    assert f"by the host names in the trace files' names ({{hostname}}_{{pid}}) for {len(p['groups'])} of" in p["how"]

@@ -9,7 +9,9 @@ send/recv only is a pipeline, all-to-all is expert parallelism, parameter all-ga
 step's first gradient collective are FSDP, all-reduces within a run of consecutive ranks that fits
 a host are tensor parallelism (Megatron places TP fastest), other all-reduces data parallelism.
 
-Hosts are rank ÷ GPUs per host (deviceProperties lists a host's GPUs), as MFU001 counts them; a
+Hosts are the host names the trace files carry where every rank of a group has one
+(tensorboard_trace_handler names its files `{hostname}_{pid}.{time_ns}.pt.trace.json`), else rank ÷
+GPUs per host (deviceProperties lists a host's GPUs), as MFU001 counts them; `how` says which. A
 group on one host talks over NVLink/xGMI (`intra-node`), one spanning hosts over the `network`.
 """
 
@@ -96,10 +98,11 @@ class _Acc(msgspec.Struct):
 
 def infer(pg_configs: Iterable[Any], matched: Sequence[Matched], world: int, gpus_per_host: Iterable[int | None],
           host_timeline: bool, nccl_groups: Iterable[tuple[str, str | None, int | None]] = (),
-          config_ranks: int | None = None) -> Mesh:
+          config_ranks: int | None = None, host_of: Mapping[int, str] | None = None) -> Mesh:
     """`pg_configs`: traced ranks' distributedInfo.pg_config (list or mapping, as written, or JSON text
     of one; the engine passes the entries of all ranks made distinct as one list, and `config_ranks`,
-    how many ranks listed them); `nccl_groups`: (name, desc, size) of the groups Flight Recorder names."""
+    how many ranks listed them); `nccl_groups`: (name, desc, size) of the groups Flight Recorder names;
+    `host_of`: global rank → the host name its trace file carries, where one does."""
     groups: dict[str, _Acc] = defaultdict(_Acc)
     configs = 0
     for cfg in pg_configs:
@@ -136,15 +139,22 @@ def infer(pg_configs: Iterable[Any], matched: Sequence[Matched], world: int, gpu
     gpn = per_host[-1] if per_host else None if host_timeline else DEFAULT_GPUS_PER_HOST
     judged = {name: _judge(acc, world, gpn) for name, acc in groups.items()}
     _world_as_data_parallel(judged, groups, world)
-    out = tuple(sorted((_group(name, acc, *judged[name], gpn) for name, acc in groups.items()),
+    host_of = host_of or {}
+    out = tuple(sorted((_group(name, acc, *judged[name], gpn, host_of) for name, acc in groups.items()),
                        key=lambda g: (DIM_ORDER[g.dim], g.size or 0, _name_key(g.name))))
     dims, certain = _degrees(out, world, configs > 0)
     how = (f"groups from {'distributedInfo.pg_config of ' + str(configs) + ' rank(s) and ' if configs else ''}"
            f"{len(matched)} collective calls' process-group fields; dimension by the group's description "
            f"(diag/knowledge/{TABLE}), else by its traffic; ")
-    how += (f"hosts as rank ÷ {gpn} GPUs per host" + (" (deviceProperties)" if per_host else
-                                                      " (assumed: no deviceProperties)")) if gpn else \
-        "hosts unknown (no GPUs in the trace)"
+    by_rank = (f"rank ÷ {gpn} GPUs per host" + (" (deviceProperties)" if per_host else
+                                                 " (assumed: no deviceProperties)")) if gpn else None
+    by_name = sum(1 for g in groups.values() if _named_hosts(g, host_of) is not None)
+    if by_name:
+        how += (f"hosts by the host names in the trace files' names ({{hostname}}_{{pid}}) for {by_name} of "
+                f"{len(groups)} group(s)" + ("" if by_name == len(groups) else
+                                             f", the others {by_rank or 'unknown (no GPUs in the trace)'}"))
+    else:
+        how += f"hosts as {by_rank}" if by_rank else "hosts unknown (no GPUs in the trace)"
     return Mesh(dims, _sharding(out, groups), out, how, certain, gpn, {g.name: g.dim for g in out})
 
 
@@ -252,8 +262,17 @@ def _world_as_data_parallel(judged: dict[str, tuple[str, str]], groups: dict[str
                             why + f"; no other dimension, so the world is the {'FSDP' if sharded else 'data-parallel'} group")
 
 
-def _group(name: str, acc: _Acc, dim: str, evidence: str, gpn: int | None) -> MeshGroup:
-    hosts = None if acc.ranks is None or gpn is None else len({r // gpn for r in acc.ranks})
+def _named_hosts(acc: _Acc, host_of: Mapping[int, str]) -> int | None:
+    """Hosts a group spans by the names its ranks' trace files carry; None unless every rank has one."""
+    if not acc.ranks or not all(r in host_of for r in acc.ranks):
+        return None
+    return len({host_of[r] for r in acc.ranks})
+
+
+def _group(name: str, acc: _Acc, dim: str, evidence: str, gpn: int | None, host_of: Mapping[int, str]) -> MeshGroup:
+    hosts = _named_hosts(acc, host_of)
+    if hosts is None:
+        hosts = None if acc.ranks is None or gpn is None else len({r // gpn for r in acc.ranks})
     link = None if hosts is None else "intra-node" if hosts == 1 else "network"
     return MeshGroup(name, acc.desc, dim, acc.size, acc.ranks, hosts, link, evidence, dict(acc.traffic))
 

@@ -25,6 +25,7 @@ from diag.attribution.mesh import Mesh, infer
 from diag.attribution.what_if import retimed
 from diag.engine import rank_map
 from diag.engine.map_step import gpu_part, map_ranks
+from diag.ingest.discover import name_parts
 from diag.ingest.ranks import check_one_run, rank_notes
 from diag.knowledge import hardware, isa, kernels
 from diag.knowledge import model as model_mod
@@ -279,7 +280,19 @@ def _mesh(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], matched: list
                      "AND pg_name IS NOT NULL ORDER BY ALL").fetchall()
     configs = [f"[{','.join(entries)}]", *(mappings or [])]
     return infer(configs, matched, world, (r.gpus_per_node for r in ranks), host, fr,
-                 config_ranks=listing + len(mappings or []))
+                 config_ranks=listing + len(mappings or []), host_of=_host_names(con, ranks))
+
+
+def _host_names(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest]) -> dict[int, str]:
+    """Global rank → the host its trace file's name gives (tensorboard_trace_handler's default
+    `{hostname}_{pid}.{time_ns}.pt.trace.json`), for the ranks whose names give one."""
+    ids = store.id_set(sorted({r.file_id for r in ranks}))
+    out = {}
+    for rank, path in con.execute(f"SELECT rank, path FROM trace_files WHERE file_id IN ({ids}) AND rank IS NOT NULL "
+                                  "ORDER BY file_id").fetchall():
+        if (name := name_parts(path).host) is not None:
+            out[int(rank)] = name
+    return out
 
 
 def _take_out_waits(exposed: dict[tuple[int, int], int], ranks: list[RankDigest], matched: list[Matched]) -> None:
