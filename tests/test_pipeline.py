@@ -186,3 +186,18 @@ def test_both_chain_ends_sending_first_is_dualpipe() -> None:
     layout = detect_layout(calls)
     assert layout is not None and (layout.schedule, layout.stages) == (DUALPIPE, 4)
     assert layout.theoretical_bubble is None   # F, B, W unmeasured without the actions' names
+
+
+def test_a_capture_of_the_first_stage_alone_takes_p_from_the_pipeline_group() -> None:
+    # Only rank 0 of a 4-stage ZB-H1 pipeline was traced: its actions name the schedule, its
+    # send/recv group's size (4) the stages its own actions cannot show.
+    p, m = 4, 6
+    acts = [_act(0, "F", k, 100) for k in range(p - 1)]
+    for k in range(m - p + 1):
+        acts += [_act(0, "F", p - 1 + k, 100), _act(0, "I", k, 100), _act(0, "W", k, 100)]
+    acts += [a for k in range(m - p + 1, m) for a in (_act(0, "I", k, 100), _act(0, "W", k, 100))]
+    calls = [_p2p(0, 1, "send", i * 10_000, 4) for i in range(m)] + [_p2p(0, 1, "recv", 5_000 + i * 10_000, 4)
+                                                                     for i in range(m)]
+    layout = detect_layout(calls, {0: acts})
+    assert layout is not None and (layout.schedule, layout.stages, layout.microbatches) == (ZB_H1, p, m)
+    assert layout.bubble_s == pytest.approx((p - 1) * (100 + 200 - 200) * 1e-9)

@@ -77,12 +77,19 @@ class PipelineLayout(msgspec.Struct, frozen=True):
 
 def detect_layout(calls: Iterable[Call], actions: dict[int, list[PipeAction]] | None = None) -> PipelineLayout | None:
     """None when the run has no point-to-point transfer with a known direction and peer, nor a
-    rank that names its schedule's actions (`actions`: rank → its `PP:` actions)."""
-    named = schedule_from_actions(actions or {})
-    if named is not None:
-        bubble = ideal_bubble_s(named.schedule, named.stages, named.times) if named.times else None
-        return PipelineLayout(named.stages, named.microbatches, named.schedule, named.virtual_stages,
-                              named.replicas, named.how, named.times, bubble)
+    rank that names its schedule's actions (`actions`: rank → its `PP:` actions). The actions,
+    where any rank has them, name the schedule; the send/recv pattern gives p where they cannot
+    (the last stages not traced)."""
+    from_p2p = _from_p2p(calls)
+    named = schedule_from_actions(actions or {}, from_p2p.stages if from_p2p else None)
+    if named is None:
+        return from_p2p
+    bubble = ideal_bubble_s(named.schedule, named.stages, named.times) if named.times else None
+    return PipelineLayout(named.stages, named.microbatches, named.schedule, named.virtual_stages,
+                          named.replicas, named.how, named.times, bubble)
+
+
+def _from_p2p(calls: Iterable[Call]) -> PipelineLayout | None:
     p2p = sorted((c for c in calls if "sendrecv" in c.collective and c.direction and c.peer is not None),
                  key=lambda c: (c.rank, c.window, c.ts_ns))
     if not p2p:

@@ -92,13 +92,14 @@ class ActionSchedule(msgspec.Struct, frozen=True):
     how: str
 
 
-def schedule_from_actions(by_rank: dict[int, list[PipeAction]]) -> ActionSchedule | None:
-    """The schedule the ranks' `PP:` actions show; None when no rank names one."""
+def schedule_from_actions(by_rank: dict[int, list[PipeAction]], ranks_hint: int | None = None) -> ActionSchedule | None:
+    """The schedule the ranks' `PP:` actions show; None when no rank names one. `ranks_hint`: the
+    pipeline's ranks as the send/recv pattern gives them, for a capture that missed the last stages."""
     held = {r: sorted({s for a in acts for s in a.stages}) for r, acts in by_rank.items() if acts}
     if not held:
         return None
-    n_stages = max(s[-1] for s in held.values()) + 1
     v = _mode(len(s) for s in held.values()) or 1
+    n_stages = max(max(s[-1] for s in held.values()) + 1, (ranks_hint or 0) * v)
     p = n_stages // v
     replicas = sum(1 for s in held.values() if 0 in s)
     placement = ("loop" if all(s == list(range(s[0], n_stages, p)) for s in held.values())
