@@ -9,6 +9,8 @@ from diag.attribution.ledger import StepLedger
 from diag.timeline.pipeline_actions import PipeAction
 from diag.timeline.pipeline_layout import PipelineLayout, detect_layout
 from diag.timeline.pipeline_schedules import (
+    DUALPIPE,
+    DUALPIPE_V,
     FORMULAS,
     GPIPE,
     INTERLEAVED,
@@ -156,6 +158,16 @@ def _advice(layout: PipelineLayout | None) -> str:
         return (f"{more}; the run is zero-bubble already: what is left is the (p-1)(F+B-2W) ZB-H1 keeps, which "
                 "ZB-H2 (more warm-up forwards, about twice the activations) or ZB-V (ScheduleZBVZeroBubble) remove "
                 "when F, I and W take about the same time")
+    if schedule in (DUALPIPE, DUALPIPE_V):
+        t = layout.times if layout is not None else None
+        if t is not None and t.FB is not None and t.FB >= 0.9 * (t.F + t.B):
+            # F&B no shorter than F + B: the pair runs one pass after the other (torch's runtime does
+            # unless a custom OVERLAP_F_B function is registered), so DualPipe's overlap is not there.
+            return (f"{more}; the overlapped forward-backward pairs take F&B {t.FB * 1e3:.2f} ms against F+B "
+                    f"{(t.F + t.B) * 1e3:.2f} ms: nothing overlaps. Register an overlapped forward-backward "
+                    "(schedule.register_custom_function(OVERLAP_F_B, …), DualPipe's overlapped_forward_backward) "
+                    "so one chunk's communication hides under the other's compute")
+        return f"{more}; balance the layers across stages (the ideal assumes equal F, B, W on every stage)"
     if schedule in TIMED:
         return (f"{more}; the schedule's ideal is near zero only when F, I and W take about the same time: "
                 "balance the layers across stages and the passes' costs")

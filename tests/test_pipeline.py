@@ -76,12 +76,12 @@ def _action_times_by_hand(trace_dir: Path) -> dict[str, float]:
                    if e.get("cat") == "kernel" and not e["name"].startswith("nccl")}
         launches = [(e["ts"], e["args"]["correlation"]) for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
         for e in events:
-            m = re.fullmatch(r"PP:\d+([FIWB])\d+", e.get("name", ""))
+            m = re.fullmatch(r"PP:(?:\d+([FIWB])\d+|\(\d+F\d+;\d+[IB]\d+\)OVERLAP_F_B)", e.get("name", ""))
             if m is None or not any(a <= e["ts"] < b for a, b in steps):
                 continue
             end = e["ts"] + e["dur"]
             gpu_us = sum(kernels.get(c, 0.0) for t, c in launches if e["ts"] <= t <= end)
-            per_kind.setdefault(m[1], []).append(gpu_us * 1e-6)
+            per_kind.setdefault(m[1] or "F&B", []).append(gpu_us * 1e-6)
     return {k: statistics.median(v) for k, v in per_kind.items()}
 
 
@@ -108,6 +108,27 @@ def test_zero_bubble_is_detected_with_its_own_ideal_bubble(tmp_path: Path) -> No
     assert "zero-bubble ZB-H1" in f["summary"] and f"p={p}" in f["summary"]
     # Advice fits the schedule: no "try zero-bubble" for a run that is zero-bubble, no interleaving pitch.
     assert "zero-bubble already" in f["advice"] and "interleaved schedule" not in f["advice"]
+
+
+def test_dualpipe_v_is_detected_with_its_own_ideal_bubble(tmp_path: Path) -> None:
+    # DualPipeV on p = 4 ranks (8 stages in a V): DeepSeek-V3 Table 2's (PP/2-1)(F&B+B-3W) for PP = 2p
+    # stages, F&B the overlapped pair's time, B the full backward's, W the weight gradient's.
+    generate("pipeline_dualpipe", tmp_path)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    f = next(f for f in report["findings"] if f["code"] == "MFU002")
+    d = f["details"]
+    assert (d["schedule"], d["stages"], d["microbatches"], d["virtual_stages"]) == (DUALPIPE_V, 4, 8, 2)
+    assert "V-placed" in d["layout_from"]
+    t = _action_times_by_hand(tmp_path)
+    assert set(t) == {"F", "B", "I", "W", "F&B"}
+    ideal_s = (4 - 1) * (t["F&B"] + t["B"] - 3 * t["W"])
+    assert d["chunk_times_ms"]["F&B"] == pytest.approx(t["F&B"] * 1e3, rel=1e-9)
+    assert d["theoretical_bubble_s"] == pytest.approx(ideal_s, rel=1e-9)
+    assert d["theoretical_bubble"] == pytest.approx(ideal_s / (ideal_s + 8 * 2 * (t["F"] + t["B"])), rel=1e-9)
+    # The runtime ran each pair one pass after the other (no custom overlap): F&B is F + B, and the
+    # advice is the overlap, not another schedule.
+    assert t["F&B"] == pytest.approx(t["F"] + t["B"], rel=0.05)
+    assert "OVERLAP_F_B" in f["advice"] and "zero-bubble" not in f["advice"]
 
 
 def test_interleaved_actions_give_v_and_the_ring(tmp_path: Path) -> None:
