@@ -80,9 +80,10 @@ def real() -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
-    """A pipeline (send/recv) and a data-parallel case (all-reduce, copies), one step past warm-up."""
+    """A pipeline (send/recv), one run as torch.distributed.pipelining runs DualPipeV (its PP: action
+    annotations, send/recv both ways) and a data-parallel case (all-reduce, copies), one step past warm-up."""
     paths: list[Path] = []
-    for case in ("pipeline_1f1b", "exposed_comm"):
+    for case in ("pipeline_1f1b", "pipeline_dualpipe", "exposed_comm"):
         out = tmp_path_factory.mktemp(case)
         generate(case, out, steps=2)
         paths += [p for p in out.iterdir() if p.name not in ("truth.json", "model.toml")]
