@@ -48,9 +48,10 @@ class PipelineBubble(Rule[Params]):
     on; with few microbatches per stage the bubble is a large share of every step.
 
     What to do: raise the number of microbatches per step (gradient accumulation,
-    `--num-microbatches` / a larger global batch), use an interleaved schedule
-    (`--num-layers-per-virtual-pipeline-stage`, v > 1), or fewer pipeline stages.
-    Inference: more batches in flight across the stages, or fewer stages.
+    `--num-microbatches` / a larger global batch), then the next schedule, never the one in use:
+    1F1B → interleaved (`--num-layers-per-virtual-pipeline-stage`, v > 1); interleaved → more chunks
+    or zero-bubble; ZB-H1 → ZB-H2 or ZB-V; DualPipe whose F&B pairs do not overlap → register the
+    overlap. Or fewer pipeline stages. Inference: more batches in flight, or fewer stages.
     """
 
     code = "MFU002"
@@ -126,6 +127,8 @@ class PipelineBubble(Rule[Params]):
         )]
 
 
+# An overlapped pair within 10% of F + B: the passes ran one after the other (the rest is jitter).
+_NO_OVERLAP = 0.9
 _SCHEDULE_NAMES = {k: NAMES[k] for k in (GPIPE, ONE_F_ONE_B, INTERLEAVED, UNKNOWN)}
 
 
@@ -160,7 +163,7 @@ def _advice(layout: PipelineLayout | None) -> str:
                 "when F, I and W take about the same time")
     if schedule in (DUALPIPE, DUALPIPE_V):
         t = layout.times if layout is not None else None
-        if t is not None and t.FB is not None and t.FB >= 0.9 * (t.F + t.B):
+        if t is not None and t.FB is not None and t.FB >= _NO_OVERLAP * (t.F + t.B):
             # F&B no shorter than F + B: the pair runs one pass after the other (torch's runtime does
             # unless a custom OVERLAP_F_B function is registered), so DualPipe's overlap is not there.
             return (f"{more}; the overlapped forward-backward pairs take F&B {t.FB * 1e3:.2f} ms against F+B "
