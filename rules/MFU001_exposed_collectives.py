@@ -188,6 +188,8 @@ class ExposedCollectives(Rule[Params]):
         nvlink = run.peak.nvlink_gbps or LINKS["nvlink4"].gbps
         vendor = run.vendor
         per_node = {r.rank: r.gpus_per_node for r in run.ranks}
+        # Hosts the mesh counted by the host names the files carry beat rank ÷ GPUs per host.
+        named = {g.name: g.hosts for g in run.mesh.groups if g.hosts_named} if run.mesh is not None else {}
         for mt in run.matched:
             c = mt.call
             if c.collective == "sendrecv":
@@ -198,9 +200,10 @@ class ExposedCollectives(Rule[Params]):
             g = acc.get(key)
             if g is None:
                 g = acc[key] = _Group(c.pg_name, c.pg_desc, c.collective, fabric=vendor.link, library=vendor.collectives)
-                if c.group_ranks:
+                if c.pg_name in named or c.group_ranks:
                     gpn = per_node.get(c.rank) or 8
-                    one_node = len({int(r) // gpn for r in c.group_ranks.split(",")}) == 1
+                    one_node = (named[c.pg_name] == 1 if c.pg_name in named
+                                else len({int(r) // gpn for r in (c.group_ranks or "").split(",")}) == 1)
                     g.link, g.link_gbps = (LINKS["nvlink4"], nvlink) if one_node else (LINKS["ib-ndr"], None)
             exposed = run.exposed_ns.get((c.file_id, c.act), 0)
             g.count += 1

@@ -311,6 +311,10 @@ def test_hosts_come_from_the_host_names_in_the_file_names(tmp_path: Path) -> Non
     _, before = analyze_path(str(tmp_path), None, AnalyzeOptions(), warn=False)
     tp = [g for g in before["parallelism"]["groups"] if g["dim"] == "tp"]
     assert tp and all(g["hosts"] == 1 for g in tp) and "by the host names" in before["parallelism"]["how"]
+    tp_names = {g["name"] for g in tp}
+    links = {g["link"] for f in before["findings"] if f["code"] == "MFU001" for g in f["details"]["groups"]
+             if g["pg"] in tp_names}
+    assert links == {"NVLink"}
     for path in sorted(tmp_path.glob("*.pt.trace.json")):
         rank = json.loads(path.read_text())["distributedInfo"]["rank"]
         path.rename(path.with_name(path.name.replace(path.name.split("_")[0], f"node-{rank % 2}", 1)))
@@ -319,3 +323,6 @@ def test_hosts_come_from_the_host_names_in_the_file_names(tmp_path: Path) -> Non
     assert tp and all(g["hosts"] == 2 and g["link"] == "network" for g in tp)
     p = after["parallelism"]
     assert f"by the host names in the trace files' names ({{hostname}}_{{pid}}) for {len(p['groups'])} of" in p["how"]
+    # MFU001 judges the TP all-reduces' link by the same hosts: the network now, not NVLink.
+    groups = next(f for f in after["findings"] if f["code"] == "MFU001")["details"]["groups"]
+    assert {g["link"] for g in groups if g["pg"] in tp_names} == {"network (IB NDR)"}

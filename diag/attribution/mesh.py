@@ -47,6 +47,7 @@ class MeshGroup(msgspec.Struct, frozen=True):
     link: str | None                # "intra-node" | "network" (None: unknown)
     evidence: str
     traffic: dict[str, int]         # collective kind → calls seen on it, all ranks and steps
+    hosts_named: bool = False       # hosts counted by the host names in the files' names (`how` says so)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "desc": self.desc, "dim": self.dim, "size": self.size, "hosts": self.hosts,
@@ -270,11 +271,12 @@ def _named_hosts(acc: _Acc, host_of: Mapping[int, str]) -> int | None:
 
 
 def _group(name: str, acc: _Acc, dim: str, evidence: str, gpn: int | None, host_of: Mapping[int, str]) -> MeshGroup:
-    hosts = _named_hosts(acc, host_of)
+    hosts = named = _named_hosts(acc, host_of)
     if hosts is None:
         hosts = None if acc.ranks is None or gpn is None else len({r // gpn for r in acc.ranks})
     link = None if hosts is None else "intra-node" if hosts == 1 else "network"
-    return MeshGroup(name, acc.desc, dim, acc.size, acc.ranks, hosts, link, evidence, dict(acc.traffic))
+    return MeshGroup(name, acc.desc, dim, acc.size, acc.ranks, hosts, link, evidence, dict(acc.traffic),
+                     named is not None)
 
 
 def _degrees(groups: Sequence[MeshGroup], world: int, listed: bool) -> tuple[dict[str, int], tuple[str, ...]]:
