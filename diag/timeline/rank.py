@@ -410,15 +410,15 @@ def _classes(acts: pa.Table, host: bool) -> tuple[npt.NDArray[np.bool_], npt.NDA
 def _actions(ops: pa.Table, op_ts: I64, op_end: I64, acts: pa.Table, compute: npt.NDArray[np.bool_],
              steps: Steps) -> list[PipeAction]:
     """torch.distributed.pipelining's `PP:` actions, with the compute kernels launched inside each."""
-    names = ops.column("name")
-    if not pc.any(pc.starts_with(names.fill_null(""), "PP:")).as_py():
+    named = np.nonzero(numpy_of(pc.starts_with(ops.column("name").fill_null(""), "PP:"), bool))[0]
+    if not len(named):
         return []
     launched = compute & _valid(acts.column("launch_ts"))
     launch = _ints(acts.column("launch_ts"))[launched]
     dur = (_ints(acts.column("end")) - _ints(acts.column("ts")))[launched]
     order = np.argsort(launch, kind="stable")
-    return pipeline_actions(_strings(names), op_ts, op_end, launch[order], dur[order],
-                            steps.cpu_start_ns, steps.cpu_end_ns)
+    return pipeline_actions(_strings(ops.column("name").take(named)), op_ts[named], op_end[named], launch[order],
+                            dur[order], steps.cpu_start_ns, steps.cpu_end_ns)
 
 
 def _launching_ops(ops: pa.Table, tid: I64, ts: I64, end: I64, acts: pa.Table) -> I64:
