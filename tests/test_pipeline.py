@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import statistics
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import msgspec
@@ -19,7 +23,7 @@ from diag.engine.run import AnalyzeOptions
 from diag.timeline.collectives import Call, Matched
 from diag.timeline.pipeline_actions import PipeAction, parse_action
 from diag.timeline.pipeline_layout import INTERLEAVED, UNKNOWN, detect_layout
-from diag.timeline.pipeline_schedules import DUALPIPE, DUALPIPE_V, ZB_H1, ZB_H2, ZB_V
+from diag.timeline.pipeline_schedules import DUALPIPE, DUALPIPE_V, INTERLEAVED_ZB, ZB_H1, ZB_H2, ZB_V
 from fixtures.generate import generate
 
 
@@ -222,3 +226,66 @@ def test_a_capture_of_the_first_stage_alone_takes_p_from_the_pipeline_group() ->
     layout = detect_layout(calls, {0: acts})
     assert layout is not None and (layout.schedule, layout.stages, layout.microbatches) == (ZB_H1, p, m)
     assert layout.bubble_s == pytest.approx((p - 1) * (100 + 200 - 200) * 1e-9)
+
+
+PIPELINE_JOB = textwrap.dedent('''
+    import os, sys
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble
+
+    def main(rank, world, out, port, kind):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.manual_seed(0)
+        d, p, n_stages = 64, world, 2 * world
+        held = [rank, 2 * p - 1 - rank] if kind == "zbv" else [rank, rank + p]
+        stages = [PipelineStage(torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU()), s, n_stages,
+                                torch.device("cpu")) for s in held]
+        cls = ScheduleZBVZeroBubble if kind == "zbv" else ScheduleInterleavedZeroBubble
+        sched = cls(stages, n_microbatches=4, loss_fn=lambda y, t: ((y - t) ** 2).mean())
+        x, t = torch.randn(8, d), torch.randn(8, d)
+        first, last = 0 in held, n_stages - 1 in held
+        def step():
+            kwargs = {"target": t} if last else {}
+            sched.step(*([x] if first else []), **kwargs)
+        step()
+        done = lambda prof: prof.export_chrome_trace(os.path.join(out, f"rank-{rank}.json"))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], on_trace_ready=done,
+                                    schedule=torch.profiler.schedule(wait=0, warmup=1, active=2)) as prof:
+            for _ in range(3):
+                step()
+                prof.step()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        torch.multiprocessing.spawn(main, args=(2, sys.argv[1], int(sys.argv[2]), sys.argv[3]), nprocs=2)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "schedule"), [("zbv", ZB_V), ("izb", INTERLEAVED_ZB)])
+def test_real_torch_pipelining_captures_name_their_schedule(kind: str, schedule: str, tmp_path: Path) -> None:
+    """torch.distributed.pipelining on gloo, 2 ranks × 2 stages, 4 microbatches: ScheduleZBVZeroBubble
+    (a V: rank 0 holds stages 0 and 3) and ScheduleInterleavedZeroBubble (a loop: 0 and 2) write their
+    actions as `PP:0F0`, `PP:3I0`, `PP:3W0` (beside PP:0UNSHARD, PP:3SEND_B0, ... which are no compute),
+    ~30 s each here."""
+    pytest.importorskip("torch")
+    script = tmp_path / "pipeline_job.py"
+    script.write_text(PIPELINE_JOB)
+    out = tmp_path / "traces"
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    subprocess.run([sys.executable, str(script), str(out), str(port), kind], check=True, timeout=240,
+                   capture_output=True)
+    analysis, _ = analyze_path(str(out), None, AnalyzeOptions(), warn=False)
+    actions: dict[int, list[PipeAction]] = {}
+    for r in analysis.run.ranks:
+        actions.setdefault(r.rank, []).extend(r.pipeline_actions)
+    assert {a.kind for acts in actions.values() for a in acts} == {"F", "I", "W"}
+    layout = detect_layout([m.call for m in analysis.run.matched], actions)
+    assert layout is not None
+    assert (layout.schedule, layout.stages, layout.virtual_stages, layout.microbatches) == (schedule, 2, 2, 4)
