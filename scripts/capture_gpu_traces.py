@@ -8,7 +8,8 @@ program issued, so a test can count FLOPs without reading diag's code.
 
 Captures:
 - gpt_bf16/: a 4-layer GPT training step under bf16 autocast with causal SDPA, record_shapes on,
-  schedule wait=1 warmup=1 active=2 repeat=2 (two trace files, two steps each);
+  schedule wait=1 warmup=1 active=2 repeat=2 (two trace files, two steps each); gpt_compiled/ and
+  gpt_cudagraphs/ the same under torch.compile (mode default, and reduce-overhead: CUDA graphs);
 - conv_fp32/ and conv_bf16/: a strided, padded convnet training step, fp32 with Concrete Inputs
   off and bf16 channels-last with them on (torch's default);
 - infer_after_warmup/: one forward step profiled right after an unsynchronised warm-up, so the
@@ -95,26 +96,27 @@ class GPT(nn.Module):
 GPT_SHAPE = {"layers": 4, "d": 1024, "heads": 16, "vocab": 8192, "seq": 1024, "batch": 8}
 
 
-def gpt_bf16(out: Path) -> dict:
+def gpt_bf16(out: Path, compile_mode: str | None = None, stem: str = "gpt_bf16") -> dict:
     s = GPT_SHAPE
     model = GPT(s["layers"], s["d"], s["heads"], s["vocab"], s["seq"]).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     tokens = torch.randint(0, s["vocab"], (s["batch"], s["seq"]), device=DEVICE)
+    forward = model if compile_mode is None else torch.compile(model, mode=compile_mode)
 
     def step() -> None:
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
-            logits = model(tokens)
+            logits = forward(tokens)
             loss = F.cross_entropy(logits.float().view(-1, s["vocab"]), tokens.view(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(3):
+    for _ in range(3 if compile_mode is None else 6):   # compiled: the graphs are built and recorded
         step()
     _sync()
     sched = schedule(wait=1, warmup=1, active=2, repeat=2)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched,
-                 record_shapes=True, on_trace_ready=_handler(out, "gpt_bf16")) as prof:
+                 record_shapes=True, on_trace_ready=_handler(out, stem)) as prof:
         for _ in range(8):
             step()
             prof.step()
@@ -295,7 +297,12 @@ def nccl_one_rank(out: Path) -> dict:
                                                        "reduce_scatter_tensor", "broadcast", "barrier"]}
 
 
-CAPTURES = {"gpt_bf16": gpt_bf16, "conv_fp32": lambda o: conv(o, False),
+CAPTURES = {"gpt_bf16": gpt_bf16,
+            # torch.compile of the model (Inductor: Triton kernels, its matmuls as extern mm calls);
+            # reduce-overhead replays forward and backward as CUDA graphs.
+            "gpt_compiled": lambda o: gpt_bf16(o, "default", "gpt_compiled"),
+            "gpt_cudagraphs": lambda o: gpt_bf16(o, "reduce-overhead", "gpt_cudagraphs"),
+            "conv_fp32": lambda o: conv(o, False),
             "conv_bf16": lambda o: conv(o, True), "infer_after_warmup": infer_after_warmup,
             "fp8_mix": fp8_mix, "nccl_one_rank": nccl_one_rank}
 

@@ -168,3 +168,29 @@ def test_one_rank_is_not_told_to_lower_tensor_parallelism(tmp_path: Path) -> Non
     thin = next(f for f in r["findings"] if f["code"] == "MFU003")
     assert thin["details"]["shapes"][0]["output_tiles"] == 128
     assert "tensor-model-parallel" not in thin["advice"]
+
+
+def test_compiled_gpt_mfu_and_its_fused_optimizer(tmp_path: Path) -> None:
+    """torch.compile (Inductor) keeps the matmuls as aten ops with shapes: the same FLOPs as eager.
+    Its optimizer is AdamW(fused=True): the host-bound advice says it is fused already."""
+    run = analyze("gpt_compiled", tmp_path)
+    flops = 3 * gpt_forward_flops(META["captures"]["gpt_compiled"]["shape"])
+    assert run.model_flops == pytest.approx([flops] * 4, rel=1e-12)
+    r = run.report
+    assert r["mfu"] == pytest.approx(run.mfu_by_hand(flops, BF16_PEAK), rel=1e-3)
+    assert {"torch_compile", "fused_optimizer"} <= set(r["workload_family"]["uses"])
+    host = next(f for f in r["findings"] if f["code"] == "MFU010")
+    assert "fused=True or foreach=True" not in host["advice"]
+
+
+def test_cuda_graphs_leave_mfu_unknown_and_say_why(tmp_path: Path) -> None:
+    """reduce-overhead replays the step as CUDA graphs: one launch, no op with shapes per kernel, so
+    the trace holds no FLOPs. MFU is unknown, the reason names the graph replay, the hint names the
+    missing input, and no rule calls the matmul time a loss."""
+    r = analyze("gpt_cudagraphs", tmp_path).report
+    assert r["mfu"] is None and r["mfu_range"] is None and r["flops_coverage"] == 0.0
+    assert r["device"]["graph_kernel_fraction"] > 0.5   # the eager optimizer step and loss are the rest
+    note = next(n for n in r["notes"] if "FLOPs from op shapes" in n)
+    assert "the rest: a CUDA graph replay (one launch, no op shapes per kernel) 100%" in note and "--model" in note
+    slow = next(f for f in r["findings"] if f["code"] == "MFU009")
+    assert slow["recoverable_fraction"] == 0.0 and "--model" in slow["advice"]

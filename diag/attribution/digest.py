@@ -106,12 +106,17 @@ def _before_first_window(tl: RankTimeline) -> npt.NDArray[np.bool_]:
 
 NO_LAUNCH = "no launch record"
 NO_OP = "no op around its launch"
+# A CUDA/HIP graph replays its kernels from one launch call: no op with shapes runs per kernel
+# (torch.compile(mode="reduce-overhead") on an H200: every GEMM of the step so).
+GRAPH = "a CUDA graph replay (one launch, no op shapes per kernel)"
 
 
-def unshaped_why(op: str | None, launched: bool) -> str:
-    """Why a GEMM/attention kernel has no FLOPs: its launch is not in the trace (the kernel of an
-    earlier iteration, or a capture that began mid-step), no op encloses its launch, or the op
-    around it gives none (no recorded shapes, or an op flops.py does not count)."""
+def unshaped_why(op: str | None, launched: bool, graph: bool = False) -> str:
+    """Why a GEMM/attention kernel has no FLOPs: a graph replayed it, its launch is not in the trace
+    (the kernel of an earlier iteration, or a capture that began mid-step), no op encloses its
+    launch, or the op around it gives none (no recorded shapes, or an op flops.py does not count)."""
+    if graph:
+        return GRAPH
     if op:
         return op
     return NO_OP if launched else NO_LAUNCH
@@ -132,8 +137,9 @@ def _unshaped_by_step(tl: RankTimeline, matmul: npt.NDArray[np.bool_]) -> list[i
 def _unshaped_by_why(tl: RankTimeline, matmul: npt.NDArray[np.bool_]) -> dict[str, int]:
     out: Counter[str] = Counter()
     launch = tl.launch_ts_ns
+    graph = tl.acts.column("graph").fill_null(False).to_pylist()
     for i in _unshaped(tl, matmul).tolist():
-        out[unshaped_why(tl.op_name[i], launch[i] is not None)] += int(tl.end_ns[i] - tl.ts_ns[i])
+        out[unshaped_why(tl.op_name[i], launch[i] is not None, graph[i])] += int(tl.end_ns[i] - tl.ts_ns[i])
     return dict(out)
 
 

@@ -50,6 +50,9 @@ _FEATURE_SPANS = {
     # with_stack, their Python frames (`vllm/worker/…`, `sglang/srt/…`).
     "vllm": re.compile(r"^vllm::|(^|/)vllm/"),
     "sglang": re.compile(r"^sgl_kernel::|(^|/)sglang/"),
+    # A foreach optimizer (torch's default on CUDA, or foreach=True): its multi-tensor update ops
+    # (clip_grad_norm_'s _foreach_norm is no optimizer's).
+    "foreach_optimizer": re.compile(r"^aten::_foreach_(?!norm)"),
 }
 # Every feature `RunContext.uses` answers for.
 FEATURES = ("cuda_graphs", *sorted({*_FEATURE_KERNELS, *_FEATURE_SPANS}))

@@ -19,7 +19,7 @@ from diag.attribution import dtype_mix, tables
 from diag.attribution.analysis import Finding, Peak, RunContext, StepContext
 from diag.attribution.critical_path import StepPath, critical_paths
 from diag.attribution.critical_path import write as write_critical_path
-from diag.attribution.digest import NO_LAUNCH, NO_OP, RankDigest
+from diag.attribution.digest import GRAPH, NO_LAUNCH, NO_OP, RankDigest
 from diag.attribution.ledger import StepLedger
 from diag.attribution.mesh import Mesh, infer
 from diag.attribution.what_if import retimed
@@ -496,7 +496,7 @@ def _coverage_why(ranks: list[RankDigest], top: int = 4) -> str:
     (digest.unshaped_why) with its share of GEMM/attention kernel time, largest first."""
     total = sum(r.matmul_ns for r in ranks)
     why = sorted(dtype_mix.summed(r.unshaped_ns_by_why for r in ranks).items(), key=lambda x: -x[1])
-    named = "; ".join(f"{w if w in (NO_LAUNCH, NO_OP) else f'under {w}'} {ns / total:.0%}"
+    named = "; ".join(f"{w if w in (NO_LAUNCH, NO_OP, GRAPH) else f'under {w}'} {ns / total:.0%}"
                       for w, ns in why[:top])
     more = f"; {len(why) - top} more" if len(why) > top else ""
     return (f"{_shape_coverage(ranks):.0%} of GEMM/attention kernel time has FLOPs from op shapes; the rest: "
