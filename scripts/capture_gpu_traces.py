@@ -58,6 +58,23 @@ def _handler(out: Path, stem: str):
     return ready
 
 
+def _record(out: Path, stem: str, step, *, warm: int, wait: int = 0, warmup: int = 1, active: int = 2,
+            repeat: int = 1, sync_each: bool = False) -> None:
+    """`warm` unprofiled steps, then the schedule's steps under the profiler, one file per cycle."""
+    for _ in range(warm):
+        step()
+    _sync()
+    sched = schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched,
+                 record_shapes=True, on_trace_ready=_handler(out, stem)) as prof:
+        for _ in range((wait + warmup + active) * repeat):
+            step()
+            if sync_each:
+                _sync()
+            prof.step()
+    _sync()
+
+
 class Block(nn.Module):
     def __init__(self, d: int, heads: int) -> None:
         super().__init__()
@@ -111,16 +128,8 @@ def gpt_bf16(out: Path, compile_mode: str | None = None, stem: str = "gpt_bf16")
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(3 if compile_mode is None else 6):   # compiled: the graphs are built and recorded
-        step()
-    _sync()
-    sched = schedule(wait=1, warmup=1, active=2, repeat=2)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched,
-                 record_shapes=True, on_trace_ready=_handler(out, stem)) as prof:
-        for _ in range(8):
-            step()
-            prof.step()
-    _sync()
+    # compiled: the graphs are built (and, reduce-overhead, recorded) in the warm-up steps
+    _record(out, stem, step, warm=3 if compile_mode is None else 6, wait=1, repeat=2)
     d, L, T, V = s["d"], s["layers"], s["batch"] * s["seq"], s["vocab"]
     # Matmuls per token, forward: qkv 3d², proj d², fc1 4d², fc2 4d² per layer, head d·V; ×2 FLOPs
     # per MAC, ×3 for forward + backward.
@@ -181,19 +190,9 @@ def conv(out: Path, bf16: bool) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(3):
-        step()
-    _sync()
     # torch's default records Concrete Inputs; the fp32 capture turns them off, as torch 1.x had none.
     torch._C._profiler._set_record_concrete_inputs_enabled_val(bf16)
-    stem = "conv_bf16" if bf16 else "conv_fp32"
-    sched = schedule(wait=0, warmup=1, active=2, repeat=1)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched,
-                 record_shapes=True, on_trace_ready=_handler(out, stem)) as prof:
-        for _ in range(3):
-            step()
-            prof.step()
-    _sync()
+    _record(out, "conv_bf16" if bf16 else "conv_fp32", step, warm=3)
     torch._C._profiler._set_record_concrete_inputs_enabled_val(True)
     # Backward: input grad and weight grad each cost the forward's FLOPs (the first conv has no
     # input grad: its input needs none).
@@ -250,16 +249,7 @@ def fp8_mix(out: Path) -> dict:
         for _ in FP8_SHAPES["bf16"]:
             torch.mm(x, w)
 
-    for _ in range(3):
-        step()
-    _sync()
-    sched = schedule(wait=0, warmup=1, active=2, repeat=1)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched,
-                 record_shapes=True, on_trace_ready=_handler(out, "fp8_mix")) as prof:
-        for _ in range(3):
-            step()
-            _sync()
-            prof.step()
+    _record(out, "fp8_mix", step, warm=3, sync_each=True)
     return {"gemms_per_step": FP8_SHAPES,
             "flops_per_step": {k: sum(2 * m * n * kk for m, n, kk in v) for k, v in FP8_SHAPES.items()}}
 
@@ -282,16 +272,7 @@ def nccl_one_rank(out: Path) -> dict:
         dist.broadcast(t, src=0)
         dist.barrier()
 
-    for _ in range(2):
-        step()
-    _sync()
-    sched = schedule(wait=0, warmup=1, active=2, repeat=1)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched,
-                 record_shapes=True, on_trace_ready=_handler(out, "nccl_one_rank")) as prof:
-        for _ in range(3):
-            step()
-            prof.step()
-    _sync()
+    _record(out, "nccl_one_rank", step, warm=2)
     dist.destroy_process_group()
     return {"world_size": 1, "collectives_per_step": ["all_reduce", "all_gather_into_tensor",
                                                        "reduce_scatter_tensor", "broadcast", "barrier"]}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -69,6 +70,13 @@ def test_send_recv_without_a_peer_gives_no_layout() -> None:
 
 # ---- schedules named by their actions (torch.distributed.pipelining's PP: record_functions) -------------
 
+def _pipeline_finding(case: str, tmp_path: Path) -> dict[str, Any]:
+    """MFU002's finding on a generated case, analyzed with its model.toml."""
+    generate(case, tmp_path)
+    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
+    return next(f for f in report["findings"] if f["code"] == "MFU002")
+
+
 def _action_times_by_hand(trace_dir: Path) -> dict[str, float]:
     """Median GPU time, seconds, of each kind of PP: compute action over every rank's steps, read from
     the trace files directly: the compute kernels whose launch call began inside the action's span."""
@@ -117,9 +125,7 @@ def test_zero_bubble_is_detected_with_its_own_ideal_bubble(tmp_path: Path) -> No
 def test_dualpipe_v_is_detected_with_its_own_ideal_bubble(tmp_path: Path) -> None:
     # DualPipeV on p = 4 ranks (8 stages in a V): DeepSeek-V3 Table 2's (PP/2-1)(F&B+B-3W) for PP = 2p
     # stages, F&B the overlapped pair's time, B the full backward's, W the weight gradient's.
-    generate("pipeline_dualpipe", tmp_path)
-    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
-    f = next(f for f in report["findings"] if f["code"] == "MFU002")
+    f = _pipeline_finding("pipeline_dualpipe", tmp_path)
     d = f["details"]
     assert (d["schedule"], d["stages"], d["microbatches"], d["virtual_stages"]) == (DUALPIPE_V, 4, 8, 2)
     assert "V-placed" in d["layout_from"]
@@ -136,9 +142,7 @@ def test_dualpipe_v_is_detected_with_its_own_ideal_bubble(tmp_path: Path) -> Non
 
 
 def test_interleaved_actions_give_v_and_the_ring(tmp_path: Path) -> None:
-    generate("pipeline_interleaved", tmp_path)
-    _, report = analyze_path(str(tmp_path), None, AnalyzeOptions(model=str(tmp_path / "model.toml")), warn=False)
-    f = next(f for f in report["findings"] if f["code"] == "MFU002")
+    f = _pipeline_finding("pipeline_interleaved", tmp_path)
     d = f["details"]
     assert (d["schedule"], d["stages"], d["microbatches"], d["virtual_stages"]) == (INTERLEAVED, 4, 8, 2)
     assert d["theoretical_bubble"] == pytest.approx(3 / 11 / 2, rel=1e-12)
