@@ -278,7 +278,31 @@ def nccl_one_rank(out: Path) -> dict:
                                                        "reduce_scatter_tensor", "broadcast", "barrier"]}
 
 
+def hf_generate(out: Path) -> dict:
+    """A serving-style capture: Hugging Face transformers' generate() on a small Llama (random
+    weights from a config: nothing downloaded), bf16, SDPA attention with a KV cache, the whole call
+    under the profiler with no ProfilerStep, as a user profiling inference would write it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                         num_key_value_heads=4, vocab_size=8192, max_position_embeddings=1024,
+                         attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).to(DEVICE, torch.bfloat16).eval()
+    prompt = torch.randint(0, config.vocab_size, (8, 128), device=DEVICE)
+    kwargs = {"max_new_tokens": 16, "min_new_tokens": 16, "do_sample": False}
+    with torch.no_grad():
+        model.generate(prompt, **kwargs)
+        _sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            model.generate(prompt, **kwargs)
+            _sync()
+    _write_gz(prof, out / "hf_generate.pt.trace.json.gz")
+    return {"hidden": 1024, "intermediate": 2816, "layers": 4, "heads": 16, "kv_heads": 4, "vocab": 8192,
+            "dtype": "bf16", "batch": 8, "prompt": 128, "new_tokens": 16}
+
+
 CAPTURES = {"gpt_bf16": gpt_bf16,
+            "hf_generate": hf_generate,
             # torch.compile of the model (Inductor: Triton kernels, its matmuls as extern mm calls);
             # reduce-overhead replays forward and backward as CUDA graphs.
             "gpt_compiled": lambda o: gpt_bf16(o, "default", "gpt_compiled"),

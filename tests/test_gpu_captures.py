@@ -194,3 +194,15 @@ def test_cuda_graphs_leave_mfu_unknown_and_say_why(tmp_path: Path) -> None:
     assert "the rest: a CUDA graph replay (one launch, no op shapes per kernel) 100%" in note and "--model" in note
     slow = next(f for f in r["findings"] if f["code"] == "MFU009")
     assert slow["recoverable_fraction"] == 0.0 and "--model" in slow["advice"]
+
+
+def test_hf_generate_is_serving_shaped(tmp_path: Path) -> None:
+    """transformers' generate() profiled whole, as a user profiling inference writes it: one window
+    (no ProfilerStep), inference, and the decode GEMMs thin by the batch (M = 8 sequences), whose
+    advice is more sequences per forward, not a smaller TP degree (one rank)."""
+    r = analyze("hf_generate", tmp_path).report
+    assert r["workload"] == "inference" and r["steps"] == 1
+    assert any("no ProfilerStep spans" in n for n in r["notes"])
+    thin = next(f for f in r["findings"] if f["code"] == "MFU003")
+    assert thin["details"]["shapes"][0]["m"] == META["captures"]["hf_generate"]["batch"]
+    assert "continuous batching" in thin["advice"] and "tensor-model-parallel" not in thin["advice"]
