@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import sys
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -13,11 +11,11 @@ import duckdb
 import msgspec
 from msgspec.structs import replace
 
+from diag.api_ingest import LOOKED_FOR, counted_warnings, ingest_paths, print_warnings
 from diag.attribution.digest import RankDigest
 from diag.engine.run import Analysis, AnalyzeOptions, analyze
 from diag.ingest.discover import require_paths
-from diag.ingest.options import IngestOptions, IngestResult
-from diag.ingest.pipeline import ingest
+from diag.ingest.options import IngestOptions
 from diag.ingest.source import is_duckdb_file
 from diag.outputs.consistency import contradictions
 from diag.outputs.report import build_report
@@ -25,7 +23,6 @@ from diag.runtime import store
 from diag.runtime.errors import BadInput
 from diag.runtime.executor import Executor, make_executor
 from diag.runtime.progress import Bars, Progress, terminal_progress
-from diag.runtime.sanitize import printable
 
 T = TypeVar("T")
 
@@ -35,56 +32,6 @@ class Opened(msgspec.Struct):
     errors: list[BadInput] = msgspec.field(default_factory=list)   # files left out
     model_file: str | None = None      # model.toml found beside the traces
     warnings: list[str] = msgspec.field(default_factory=list)   # for the user whatever the command
-
-
-# discover.py's names, as a user would type them.
-LOOKED_FOR = "*.json, *.json.gz, *.pt.trace.json[.gz]"
-
-
-def ingest_paths(paths: list[str], con: duckdb.DuckDBPyConnection, opts: IngestOptions = IngestOptions(),
-                 progress: Progress | None = None) -> IngestResult:
-    """PATHS ingested into `con`: what `diag ingest` and every analyzing command share. Each file is
-    its own unit: one that cannot be read is left out (the caller warns) while another made it in,
-    now or before; when none did, each is said on stderr and the last raised (exit 2), and when
-    there was nothing to read at all, that none was found."""
-    result = ingest(paths, con, opts, progress=progress)
-    if result.ingested or any(s.duplicate for s in result.skipped):
-        return result
-    if result.errors:
-        for e in result.errors[:-1]:
-            print(e.message(), file=sys.stderr)
-        raise result.errors[-1]
-    raise BadInput(", ".join(paths), f"no Kineto traces found (looked for {LOOKED_FOR})")
-
-
-def counted_warnings(result: IngestResult) -> list[str]:
-    """The ingest's per-file warnings, one line per distinct reason: a thousand CPU-only ranks give
-    one line that counts them and names the first, not a thousand lines."""
-    paths = {p for p, _ in result.ingested}
-    by_reason: dict[str, list[str]] = {}
-    for w in result.warnings:
-        # `<path>: <reason>`; a path may hold ": " itself, so the longest prefix that is a path wins
-        # (a set lookup per ": ", not a scan of every path: 10,000 ranks warn 10,000 times).
-        cuts = [m.start() for m in re.finditer(": ", w)]
-        path = next((w[:i] for i in reversed(cuts) if w[:i] in paths), "")
-        by_reason.setdefault(w[len(path) + 2:] if path else w, []).append(path)
-    lines = []
-    for reason, files in by_reason.items():
-        if not files[0]:
-            lines.append(reason)                 # a warning about no one file
-        elif len(files) == 1:
-            lines.append(f"{files[0]}: {reason}")
-        else:
-            lines.append(f"{len(files)} files: {reason} (the first: {files[0]})")
-    return lines
-
-
-def print_warnings(errors: list[BadInput], warnings: list[str]) -> None:
-    """On stderr, alike for every command: `diag: warning: …`, one line each."""
-    for w in warnings:
-        print(f"diag: warning: {printable(w)}", file=sys.stderr)
-    for e in errors:
-        print(f"diag: warning: {e.one_line()}; left out, the other files read", file=sys.stderr)
 
 
 def open_store(path: str, db: str | None, ingest_opts: IngestOptions = IngestOptions(),

@@ -78,7 +78,7 @@ def _parse_ahead(path: str, args: argparse.Namespace) -> None:
 def run_ingest(args: argparse.Namespace) -> int:
     check_paths(args, [], [])   # the traces: require_paths below, then each file as it is read
     _parse_ahead(args.paths[0], args)
-    from diag.api import counted_warnings, ingest_paths, print_warnings
+    from diag.api_ingest import counted_warnings, ingest_paths, print_warnings
     from diag.ingest.discover import require_paths
     from diag.runtime import store
     from diag.runtime.progress import terminal_progress

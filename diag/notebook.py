@@ -16,7 +16,8 @@ import os
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from diag.api import analyze_opened, open_store, print_warnings
+from diag.api import analyze_opened, open_store
+from diag.api_ingest import print_warnings
 from diag.engine.run import AnalyzeOptions, gpu_part
 from diag.outputs.report import render_markdown, render_text, to_json
 from diag.outputs.report_types import Report
