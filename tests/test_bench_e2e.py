@@ -166,3 +166,28 @@ def test_bars_keep_issue_16s_small_files_bar() -> None:
     rows = [e2e.Measured("diag ingest", ["i"], [_stage(8.0, 9.0)]), e2e.Measured("diag analyze (of the store)", ["a"], [_stage(13.0, 9.0)])]
     lines = e2e.bars([e2e.Workload("small", "2000 rank files of 20 kernels each", 26.0, None, rows)])
     assert lines == ["NOT met  2000 small files: ingest + analyze ≤ 20 s wall: 21.0 s"]
+
+
+def test_stages_ingests_the_file_as_the_command_does(tmp_path: Path) -> None:
+    """bench/stages.py times the same work `diag ingest` does: its store holds as many event rows
+    as the command's row for the file counts, and it prints every stage and the total."""
+    import subprocess
+
+    import duckdb
+
+    trace = Path(__file__).resolve().parents[2] / "shared/traces/kineto/docs/traces/before_fix_trace.json"
+    if not trace.exists():
+        pytest.skip(f"{trace} is absent")
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    out = subprocess.run([sys.executable, str(bench / "stages.py"), str(trace), "--db", str(tmp_path / "s.duckdb")],
+                         check=True, capture_output=True, text=True).stdout
+    for stage in ("imports", "typed decode (msgspec)", "tabulate (Arrow tables)", "inserts", "total"):
+        assert stage in out
+    theirs = tmp_path / "cmd.duckdb"
+    subprocess.run([sys.executable, "-m", "diag.cli", "ingest", "--db", str(theirs), str(trace)], check=True,
+                   capture_output=True)
+    tables = ("cpu_ops", "gpu_annotations", "runtime_calls", "kernels", "copies", "flows", "other_events")
+    with duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True) as con:
+        rows = sum(con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in tables)
+    with duckdb.connect(str(theirs), read_only=True) as con:
+        assert rows == con.execute("SELECT n_events FROM trace_files").fetchall()[0][0] > 0
