@@ -32,6 +32,12 @@ def dtype_peak(peak: Peak, tensor_dtype: str | None, kernel: str) -> float:
     return part.dense_tflops[dtype] * 1e12
 
 
+# A CPU-only run's matmul ops below the peak given: what sets a CPU's matmul rate.
+HOST_ADVICE = ("matmul ops on the host run below the --peak-tflops given: check the intra-op threads "
+               "(torch.get_num_threads(), OMP_NUM_THREADS: one per physical core) and that oneDNN/MKL runs them "
+               "(torch.backends.mkldnn.is_available()); larger batches fill the cores' vector units better")
+
+
 class Params(msgspec.Struct, frozen=True):
     min_fraction: float = 0.01
     top_shapes: int = 8
@@ -275,7 +281,8 @@ class SlowGemms(Rule[Params]):
             # dtype leaves the part's tensor cores idle, the precision lever, which needs no FLOPs.
             part, convs = self._part_and_convs(run, digests)
             precision = precision_advice(part, run.peak.dtype, convs)
-            split = mfu_missing(peak is not None) + " to split GEMM time into model compute and inefficiency"
+            split = mfu_missing(peak is not None, run.host_timeline) + \
+                " to split GEMM time into model compute and inefficiency"
             return [Finding(
                 self.code, self.slug, "info", frac, lost_s, ranks, steps, [],
                 "; ".join([precision, split] if precision else [split]),
@@ -321,15 +328,20 @@ class SlowGemms(Rule[Params]):
                 "reachable_tflops": reachable / 1e12, "flop_per_byte": flop_per_byte,
                 "recoverable_ms": gain_by_class[c.key] * 1e3, "causes": sorted(c.causes),
             })
-        summary = f"GEMM/attention kernels below peak cost {frac:.1%} of the step, {recoverable:.1%} recoverable"
+        host = run.host_timeline
+        summary = (f"{'matmul ops on the host' if host else 'GEMM/attention kernels'} below peak cost {frac:.1%} of "
+                   f"the step, {recoverable:.1%} recoverable")
         if rows and rows[0]["achieved_tflops"] is not None and gain_by_class[worst[0].key] > 0:
             r0 = rows[0]
             shape = "×".join(map(str, r0["mnk"])) if r0["mnk"] else r0["kind"]
+            # A CPU's TFLOP/s are fractions: three significant digits where a GPU's read as integers.
+            rate = (lambda x: f"{x:.3g}") if host else (lambda x: f"{x:.0f}")
             summary += (f"; worst: {r0['op'] or r0['kind']} {shape} {r0['dtype'] or ''} at "
-                        f"{r0['achieved_tflops']:.0f} TFLOP/s where its shape can reach {r0['reachable_tflops']:.0f}")
+                        f"{rate(r0['achieved_tflops'])} TFLOP/s where its shape can reach {rate(r0['reachable_tflops'])}")
         causes = sorted({x for c in worst if gain_by_class[c.key] > 0 for x in c.causes})
         beside = summarize([(d.file_id, d.resident) for d in digests if d.resident is not None], set(run.states))
-        advice = "; ".join(self._advice(run, causes, digests) + self._resident_advice(run, beside))
+        # The causes (tensor-core alignment, TF32, split-K) and knobs are a GPU's: a CPU's are its threads.
+        advice = HOST_ADVICE if host else "; ".join(self._advice(run, causes, digests) + self._resident_advice(run, beside))
         return [Finding(
             self.code, self.slug, severity(recoverable * 100), frac, lost_s, ranks, steps,
             [e for c in worst for e in c.evidence], advice, summary, run.what_if(recoverable),

@@ -158,6 +158,11 @@ class RunContext(msgspec.Struct):
     def inference(self) -> bool:
         return self.workload == "inference"
 
+    @property
+    def host_timeline(self) -> bool:
+        """A CPU-only run: the activities are host ops, and no GPU's causes or knobs apply."""
+        return any(r.host_timeline for r in self.ranks)
+
     def uses(self, feature: str) -> bool:
         """Whether any rank's trace shows the run using `feature` (workload_mix.py names them;
         cuda_graphs: kernels a graph launch ran): advice never recommends it."""
@@ -251,9 +256,12 @@ def severity(points: float) -> str:
     return "info"
 
 
-def mfu_missing(peak_known: bool) -> str:
-    """What to pass for the MFU the trace could not give: the peak where the part is unknown, else
-    the model FLOPs (the part was found, and op shapes did not cover enough GEMM time)."""
+def mfu_missing(peak_known: bool, host: bool = False) -> str:
+    """What to pass for the MFU the trace could not give: the peak where the part is unknown (on a
+    CPU-only run, the CPU's: there is no part), else the model FLOPs (the part was found, and op
+    shapes did not cover enough GEMM time)."""
+    if not peak_known and host:
+        return "pass --peak-tflops (the CPU's peak: the trace has no GPU)"
     if not peak_known:
         return "pass --gpu or --peak-tflops (the part's dense peak is unknown)"
     return "pass --model with tokens_per_step (model FLOPs are unknown), or --tokens-per-step with a preset"

@@ -192,7 +192,7 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
                if (r.file_id, i) in states]
     mfu, hfu = _utilization(states, peak)
     coverage = _shape_coverage(ranks) if any(r.matmul_ns for r in ranks) else None
-    bounds = mfu_range(ranks, states, peak, workload) if mfu is None and not host and coverage \
+    bounds = mfu_range(ranks, states, peak, workload) if mfu is None and coverage \
         and coverage < MIN_SHAPE_COVERAGE and not (spec is not None and spec.tokens_per_step) else None
     if mfu is not None and mfu > IMPOSSIBLE_MFU and spec is not None:
         raise BadInput(
@@ -202,11 +202,12 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
         )
     run = RunContext(ranks, ledgers, states, matched, offsets, peak, mfu, hfu, world, exposed, workload=workload,
                      steps_excluded=[] if opts.all_steps else sorted(outliers.values()),
-                     flops_coverage=None if host else coverage, mfu_range=bounds, mesh=mesh)
+                     flops_coverage=coverage, mfu_range=bounds, mesh=mesh)
     if workload == "inference":
         run.notes.append(INFERENCE_NOTE)
     if host:
-        run.notes.append(UNRECORDED_GPU_NOTE.format(gpu=peak.part_name) if peak.part_name else HOST_NOTE)
+        run.notes.append(UNRECORDED_GPU_NOTE.format(gpu=peak.part_name) if peak.part_name
+                         else HOST_NOTE + HOST_MFU[peak.tflops is not None])
     run.notes.extend(clock_notes(offsets, matched))
     if mfu is None:
         run.notes.append("without model FLOPs at a known peak the compute time is not split: "
@@ -329,8 +330,13 @@ def _unknown_kernels_note(ranks: list[RankDigest], top: int = 5) -> str | None:
 
 HOST_NOTE = (
     "CPU-only trace (no GPU activity): the host timeline stands in for the GPU's — compute = inside "
-    "aten ops, communication = inside gloo collectives, idle = neither; MFU is not reported against a GPU peak"
+    "aten ops, communication = inside gloo collectives, idle = neither; matmul = inside the innermost op "
+    "of each GEMM, convolution or attention op tree, whose FLOPs come from its shapes; "
 )
+HOST_MFU = {
+    False: "MFU needs a peak, and there is no GPU to take one from: pass --peak-tflops with the CPU's",
+    True: "MFU = model FLOPs per step ÷ (step time × the --peak-tflops given), each step, mean over steps",
+}
 # A trace that lists GPUs (deviceProperties) yet holds no GPU activity: a capture of CPU activities
 # only on a GPU machine, or of CUPTI's range profiler (counters per range, no kernel timeline). The
 # GPUs ran; the trace did not record them.
@@ -352,11 +358,19 @@ def _listed_gpu(ranks: list[RankDigest]) -> str | None:
 
 
 def _host_peak(ranks: list[RankDigest], opts: AnalyzeOptions) -> Peak:
-    """No GPU activity: there is no peak to measure against, whatever --gpu says. A GPU the trace
-    lists is named, but no part is taken from it (nothing is measured against it)."""
+    """No GPU activity: there is no part's peak to measure against, whatever --gpu says. A GPU the
+    trace lists is named, but no part is taken from it (nothing is measured against it). On a
+    CPU-only run, --peak-tflops is the host's peak: MFU is the FLOPs its matmul ops did over the step
+    against it (issue 36), a figure anyone can check from the FLOPs per step and the step time."""
     gpu = _listed_gpu(ranks)
-    source = "no GPU activity in the trace: MFU not applicable" if gpu else "no GPU in the trace: MFU not applicable"
-    return Peak(None, None, gpu, _gemm_dtype(ranks) or "fp32", source, opts.peak_tflops, None, None)
+    dtype = _gemm_dtype(ranks) or "fp32"
+    if gpu is None and opts.peak_tflops is not None:
+        return Peak(opts.peak_tflops, None, None, dtype,
+                    f"--peak-tflops {number(opts.peak_tflops)}, the host's peak as given (no GPU in the trace)",
+                    opts.peak_tflops, None, None)
+    source = "no GPU activity in the trace: MFU not applicable" if gpu else \
+        "no GPU in the trace and no --peak-tflops: MFU unknown"
+    return Peak(None, None, gpu, dtype, source, opts.peak_tflops, None, None)
 
 
 def _hip_runtime(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest]) -> bool:

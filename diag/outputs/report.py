@@ -17,7 +17,7 @@ from diag.attribution.ledger import BUCKETS, StepLedger, weighted_share
 from diag.attribution.what_if import what_if_words
 from diag.attribution.workload_mix import FEATURES
 from diag.engine.run import Analysis
-from diag.runtime.durations import duration, number, percent, ranks_traced
+from diag.runtime.durations import duration, flop_count, number, percent, ranks_traced
 from diag.runtime.sanitize import markdown, terminal
 
 SCHEMA = "diag.report/1"
@@ -66,6 +66,10 @@ def build_report(a: Analysis) -> dict[str, Any]:
         # bounds where that is under 0.9 and `mfu` is null (docs/mfu.md)
         "flops_coverage": run.flops_coverage,
         "mfu_range": None if run.mfu_range is None else list(run.mfu_range),
+        # additive (issue 36): matmul/conv/attention FLOPs from op shapes per step, mean over the
+        # rank-steps the MFU is averaged over: `model` is what MFU counts (training: 3 × `forward`;
+        # null where coverage is too low), `executed` every FLOP the shaped ops did (HFU's)
+        "flops_per_step": _flops_per_step(run),
         "ledger": _mean(lgs),
         "ledger_by_rank": {str(r): m for r, m in sorted(rank_mean.items())},
         "ledger_by_step": {str(s): _mean(v) for s, v in sorted(by_step.items())},
@@ -85,6 +89,16 @@ def build_report(a: Analysis) -> dict[str, Any]:
         "critical_path": [report_entry(p) for p in a.critical_path],
         "parallelism": None if run.mesh is None else run.mesh.as_report(),
     }
+
+
+def _flops_per_step(run: Any) -> dict[str, float | None] | None:
+    states = [st for st in run.states.values() if st.window_ns > 0]
+    if not states:
+        return None
+    model = [st.model_flops for st in states]
+    return {"model": None if any(f is None for f in model) else statistics.fmean(f or 0.0 for f in model),
+            "forward": statistics.fmean(st.fwd_flops for st in states),
+            "executed": statistics.fmean(st.exec_flops for st in states)}
 
 
 MESH_HEADER = ["dimension", "description", "groups", "size", "hosts", "link", "exposed (MFU pts)"]
@@ -175,8 +189,8 @@ def _header(r: dict[str, Any], name: Any = str) -> list[str]:
     d = r["device"]
     peak, gpu = peak_label(d), "unknown GPU"
     if r.get("timeline") == "host":   # a trace with no GPU activity names the GPU it lists, if any
-        peak = ("no GPU activity recorded" if d["name"] else "CPU-only run") + \
-            ": host timeline in place of the GPU's, no MFU"
+        peak = ("no GPU activity recorded" if d["name"] else "CPU-only run") + ": host timeline in place of the GPU's, " + \
+            (f"MFU against --peak-tflops {number(d['peak_tflops'])}" if d["peak_tflops"] is not None else "no MFU")
         gpu = "no GPU"
     st = r["step_time_s"]
     ranks = ranks_traced(len(r["ranks"]), r["world_size"])
@@ -187,7 +201,7 @@ def _header(r: dict[str, Any], name: Any = str) -> list[str]:
         over = f"median; {mean}min {duration(spread['min'])}, max {duration(spread['max'])}"
     lines = [
         f"{ranks} × {r['steps']} steps · {r.get('workload', 'training')} · {name(d['name'] or gpu)} · {peak}",
-        f"step time {duration(st)} ({over})   MFU {mfu_words(r)}   HFU {percent(r['hfu'])}{_bf16(r)}"
+        f"step time {duration(st)} ({over})   MFU {mfu_words(r)}   HFU {percent(r['hfu'])}{_bf16(r)}{_flops(r)}"
         if st is not None else "no steps",
     ]
     excluded = r.get("steps_excluded") or []
@@ -203,6 +217,17 @@ def mfu_words(r: Mapping[str, Any]) -> str:
         return percent(r["mfu"])
     return (f"{percent(bounds[0]).removesuffix('%')}–{percent(bounds[1])} (FLOPs of {percent(r['flops_coverage'])} "
             "of GEMM time)")
+
+
+def _flops(r: Mapping[str, Any]) -> str:
+    """On a host timeline, the FLOPs per step the MFU is made of (or would be, given a peak): no GPU
+    peak puts them in context there, and MFU = model ÷ (step time × peak) is checkable by hand."""
+    f = r.get("flops_per_step")   # absent from reports of earlier versions
+    if r.get("timeline") != "host" or not f or not f["executed"]:
+        return ""
+    model = "unknown" if f["model"] is None else flop_count(f["model"]) + (
+        f" (3 × forward {flop_count(f['forward'])})" if r.get("workload") == "training" else "")
+    return f"   FLOPs/step: model {model}, executed {flop_count(f['executed'])}"
 
 
 def _bf16(r: dict[str, Any]) -> str:

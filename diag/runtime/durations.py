@@ -62,6 +62,15 @@ def significant(x: float, digits: int = 3) -> str:
     return powers_of_ten(x, digits)
 
 
+def flop_count(x: float) -> str:
+    """A FLOP count to four significant digits in the unit that keeps it at 1 or more:
+    6.259e6 → "6.259 MFLOP", 7.85e11 → "785 GFLOP"."""
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.4g} {unit}FLOP"
+    return f"{x:.4g} FLOP"
+
+
 def times(ratio: float) -> str:
     """How many times: 2.345 → "2.3×"; 7.4e26 → "7.4×10²⁶×"."""
     return f"{ratio:.1f}×" if abs(ratio) < _LARGE else f"{powers_of_ten(ratio)}×"

@@ -255,3 +255,24 @@ def _tensor_bytes(dims_text: str | None, types_text: str | None) -> float | None
         if size and isinstance(d, list) and d and all(isinstance(x, int) for x in d):
             sizes.append(float(math.prod(d)) * size)
     return sum(sizes) + max(sizes) if sizes else None
+
+
+def innermost_counted(thread: I64, ts: I64, end: I64, matmul: npt.NDArray[np.bool_],
+                      flops: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+    """On a host timeline (a CPU-only run) every op of a tree is an activity: aten::conv2d >
+    convolution > _convolution > mkldnn_convolution, aten::linear > addmm. Each tree is counted once,
+    at its innermost op with FLOPs (flops.py's rule); the matmul-class ops that enclose one such op
+    on their thread are returned, to be counted as other ops (their own time outside it is not a
+    matmul's). An enclosing op with no FLOPs-bearing op inside stays a matmul of unknown FLOPs."""
+    outer = np.zeros(len(ts), bool)
+    idx = np.nonzero(matmul)[0]
+    # Parents first: by thread, start, and the longer of two spans that start together.
+    order = idx[np.lexsort((idx, -end[idx], ts[idx], thread[idx]))]
+    open_: list[int] = []
+    for i in order.tolist():
+        while open_ and (thread[open_[-1]] != thread[i] or end[open_[-1]] < end[i] or ts[open_[-1]] > ts[i]):
+            open_.pop()
+        if flops[i] > 0:
+            outer[open_] = True
+        open_.append(i)
+    return outer

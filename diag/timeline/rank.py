@@ -22,14 +22,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from diag.ingest.kineto_decode import device_props_for
+from diag.knowledge import flops as flops_mod
 from diag.knowledge import kernels
 from diag.knowledge.links import normalize_collective
 from diag.runtime import store
 from diag.timeline.columns import (
+    _ATTENTION,
     _CLASS_NAMES,
     _COMM,
     _COPY,
+    _GEMM,
     _MEMSET,
+    _OTHER,
     CLASSES,
     I64,
     _ints,
@@ -40,7 +44,7 @@ from diag.timeline.columns import (
 )
 from diag.timeline.host_spans import HostSpans, launching_threads
 from diag.timeline.nesting import containing, distinct
-from diag.timeline.op_shapes import _kernel_shapes
+from diag.timeline.op_shapes import _kernel_shapes, innermost_counted
 from diag.timeline.phases import (
     TRAINING_PHASES,
     assign_phases,
@@ -304,6 +308,13 @@ def build_rank(rows: RankRows) -> RankTimeline:
     kernel, kclass, collective = _classes(acts, rows.host)
     op_idx = _launching_ops(ops, op_tid, op_ts, op_end, acts)
     flops, mnk, dtype, nbytes, tflops = _kernel_shapes(ops, op_idx, kclass, end - ts)
+    if rows.host:
+        outer = innermost_counted(_ints(acts.column("stream")), ts, end, np.isin(kclass, (_GEMM, _ATTENTION)), flops)
+        kclass = np.where(outer, _OTHER, kclass)
+        flops[outer] = 0.0
+        for col in (mnk, dtype, nbytes, tflops):
+            for i in np.nonzero(outer)[0].tolist():
+                col[i] = None
     steps, step_of = _steps(rows, ops, ts, end)
     dl = np.isin(codes, [i for i, nm in enumerate(distinct) if is_dataloader_span(nm)])
     all_props = json.loads(props_text) if isinstance(props_text, str) else props_text
@@ -368,17 +379,17 @@ def _host_marks(marks: pa.Table, ops: pa.Table, tid: I64, ts: I64, end: I64, fra
 
 # CPU-only runs (gloo, no GPU): the host timeline stands in for the GPU's. Compute is time inside
 # aten ops, communication time inside gloo collectives (their spans include the wait for a late
-# rank, as an NCCL kernel's do), idle neither.
-_HOST_MATMUL = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
+# rank, as an NCCL kernel's do), idle neither. Matmul-class ops are those flops.py counts (GEMMs,
+# convolutions, attention); op_shapes.innermost_counted then keeps one op of each tree as the matmul.
 
 
 def _host_class(name: str) -> str:
     if name.startswith("gloo:"):
         return "comm"
-    if name in _HOST_MATMUL:
-        return "gemm"
     if "attention" in name:
         return "attention"
+    if name.removesuffix("_") in flops_mod.SUPPORTED_OPS:
+        return "gemm"
     return "other"
 
 
