@@ -11,26 +11,12 @@ import numpy as np
 import numpy.typing as npt
 
 from diag.attribution import gemm_shape
-from diag.attribution.analysis import Finding, Peak, RankContext, RunContext, mfu_missing, severity
+from diag.attribution.analysis import Finding, RankContext, RunContext, mfu_missing, severity
 from diag.attribution.digest import TF32_KERNEL
 from diag.attribution.resident_comm import Resident, resident, summarize
 from diag.attribution.workload_mix import CONV
-from diag.knowledge import hardware, kernels
+from diag.knowledge import hardware
 from rules.base import Rule
-
-
-def dtype_peak(peak: Peak, tensor_dtype: str | None, kernel: str) -> float:
-    """The dense peak a GEMM of this dtype can reach, FLOP/s: its own dtype's, where the run's peak
-    is the effective one of a dtype mix that holds it (a bf16 GEMM of an fp8/bf16 run is judged
-    against the bf16 peak, never above it: issue 36); else the run's peak."""
-    assert peak.flops_per_s is not None
-    dtype = kernels.gemm_dtype(kernel) or tensor_dtype
-    part = hardware.PARTS.get(peak.part_key) if peak.part_key else None
-    if part is None or dtype is None or len(peak.dtype_mix) < 2 or dtype not in peak.dtype_mix \
-            or dtype not in part.dense_tflops or peak.user_tflops is not None:
-        return peak.flops_per_s
-    return part.dense_tflops[dtype] * 1e12
-
 
 # A CPU-only run's matmul ops below the peak given: what sets a CPU's matmul rate.
 HOST_ADVICE = ("matmul ops on the host run below the --peak-tflops given: check the intra-op threads "
@@ -299,7 +285,7 @@ class SlowGemms(Rule[Params]):
         recoverable = 0.0
         for d in digests:
             reach = np.array([gemm_shape.reachable_flops_per_s(
-                dtype_peak(run.peak, c.dtype, c.kernel), cap, gemm_shape.intensity(c.flops, c.bytes), hbm)
+                run.peak.of_kernel(c.dtype, c.kernel), cap, gemm_shape.intensity(c.flops, c.bytes), hbm)
                 for c in d.classes])
             gain = np.maximum(d.dur_s - d.flops / reach[d.cls], 0.0)
             for step in np.unique(d.step).tolist():
@@ -319,7 +305,7 @@ class SlowGemms(Rule[Params]):
         rows: list[dict[str, Any]] = []
         for c in worst:
             flop_per_byte = gemm_shape.intensity(c.flops, c.bytes)
-            reachable = gemm_shape.reachable_flops_per_s(dtype_peak(run.peak, c.dtype, c.kernel), cap,
+            reachable = gemm_shape.reachable_flops_per_s(run.peak.of_kernel(c.dtype, c.kernel), cap,
                                                          flop_per_byte, hbm)
             rows.append({
                 "kind": c.kind, "op": c.op, "mnk": list(c.mnk) if c.mnk else None, "dtype": c.dtype,

@@ -165,3 +165,45 @@ def test_unlaunched_work_after_an_idle_gap_is_not_carried_over(tmp_path: Path) -
     _, r = analyze_path(str(d), None, AnalyzeOptions(), warn=False)
     assert r["step_time_s"] == pytest.approx(STEP_US * 1e-6)
     assert not any("no launch record ran before" in n for n in r["notes"])
+
+
+def test_a_thin_gemm_is_judged_at_its_own_dtypes_peak(tmp_path: Path) -> None:
+    """MFU003 in an fp8/bf16 mix: a thin bf16 GEMM (M=64: 1 × 16 output tiles of 128×256 for 132 SMs)
+    beside a well-shaped fp8 one that reaches 1374 TFLOP/s, above the bf16 peak. Its thin_gemm time is
+    its time less its FLOPs at the bf16 dense peak (989), not at the mix's effective peak (~1950), and a
+    reshaped bf16 GEMM is promised 75% of 989 (no well-shaped bf16 GEMM ran), never the fp8 one's rate."""
+    host = {"pid": 10, "tid": 10}
+    events: list[dict[str, Any]] = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", **host,
+                                     "ts": 0.0, "dur": STEP_US, "args": {"External id": 100}}]
+    fp8, bf16 = "c10::Float8_e4m3fn", "c10::BFloat16"
+    thin_m, fp8_us, thin_us = 64, 100.0, 100.0
+    ops = ((1, "aten::_scaled_mm", [[M, K], [K, N], [], []], [fp8, fp8, "float", "float"],
+            "nvjet_qqtst_128x256_128x6_2x1_2cta_v_bz_TNT", fp8_us),
+           (2, "aten::mm", [[thin_m, K], [K, N]], [bf16, bf16], GEMM, thin_us))
+    t = 10.0
+    for ext, name, dims, types, kernel, us in ops:
+        events += [
+            {"ph": "X", "cat": "cpu_op", "name": name, **host, "ts": t, "dur": 20.0,
+             "args": {"External id": ext, "Input Dims": dims, "Input type": types}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", **host, "ts": t + 5, "dur": 5.0,
+             "args": {"External id": ext, "cbid": 211, "correlation": ext}},
+            {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": t + 30, "dur": us,
+             "args": {"External id": ext, "device": 0, "stream": 7, "correlation": ext}},
+        ]
+        t += 40 + us
+    d = tmp_path / "thin_mix"
+    d.mkdir()
+    (d / "trace.json").write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [H100], "traceEvents": events}))
+    _, r = analyze_path(str(d), None, AnalyzeOptions(), warn=False)
+    fp8_flops, thin_flops = 2.0 * M * N * K, 2.0 * thin_m * N * K
+    assert fp8_flops / (fp8_us * 1e-6) / 1e12 == pytest.approx(1374.4, abs=0.1)      # above bf16's 989
+    share = thin_flops / (fp8_flops + thin_flops)                                      # bf16: 1.5% of FLOPs
+    assert r["device"]["dtype_mix"] == pytest.approx({"fp8": 1 - share, "bf16": share})
+    assert r["device"]["peak_tflops"] == pytest.approx(1 / ((1 - share) / 1979 + share / 989))   # ~1950
+    window = STEP_US * 1e-6
+    assert r["ledger"]["thin_gemm"] == pytest.approx((thin_us * 1e-6 - thin_flops / 989e12) / window)
+    (thin,) = [f for f in r["findings"] if f["code"] == "MFU003"]
+    assert thin["details"]["target_tflops"] == pytest.approx(0.75 * 989) and 0.75 * 989 <= 989
+    assert thin["details"]["target_source"].startswith("per dtype (a dtype mix)")
+    assert thin["recoverable_fraction"] == pytest.approx((thin_us * 1e-6 - thin_flops / (0.75 * 989e12)) / window)
+    assert f"where a GEMM of its dtype reaches {0.75 * 989:.0f}" in thin["summary"]

@@ -14,7 +14,8 @@ from diag.attribution import gemm_shape, workload_mix
 from diag.attribution.digest import RankDigest
 from diag.attribution.ledger import StepLedger, weighted_share
 from diag.attribution.mesh import Mesh
-from diag.knowledge.hardware import Part, Vendor, vendor_of
+from diag.knowledge import kernels
+from diag.knowledge.hardware import PARTS, Part, Vendor, vendor_of
 from diag.timeline.clocks import ClockOffset
 from diag.timeline.collectives import Matched
 from diag.timeline.rank import RankTimeline
@@ -39,6 +40,29 @@ class Peak(msgspec.Struct, frozen=True):
     @property
     def flops_per_s(self) -> float | None:
         return None if self.tflops is None else self.tflops * 1e12
+
+    def peak_dtype(self, tensor_dtype: str | None, kernel: str) -> str | None:
+        """The dtype whose dense peak a matmul kernel is judged at: its own (the kernel name's, else
+        its op's tensors'), where the run's peak is the effective one of a dtype mix that holds it;
+        None where the run's own peak applies (one dtype, an unknown part, --peak-tflops given)."""
+        dtype = kernels.gemm_dtype(kernel) or tensor_dtype
+        part = PARTS.get(self.part_key) if self.part_key else None
+        if part is None or dtype is None or len(self.dtype_mix) < 2 or dtype not in self.dtype_mix \
+                or dtype not in part.dense_tflops or self.user_tflops is not None:
+            return None
+        return dtype
+
+    def tflops_of_kernel(self, tensor_dtype: str | None, kernel: str) -> float:
+        """The dense peak a matmul kernel can reach, TFLOP/s: its own dtype's (peak_dtype), else the
+        run's. A bf16 GEMM of an fp8/bf16 run on an H100 SXM is judged against 989.4, never the
+        mix's 1319 (issue 36). Every per-kernel ceiling and roofline is taken from here."""
+        assert self.tflops is not None
+        dtype = self.peak_dtype(tensor_dtype, kernel)
+        return self.tflops if dtype is None else PARTS[str(self.part_key)].dense_tflops[dtype]
+
+    def of_kernel(self, tensor_dtype: str | None, kernel: str) -> float:
+        """tflops_of_kernel in FLOP/s."""
+        return self.tflops_of_kernel(tensor_dtype, kernel) * 1e12
 
     def mfu_bf16(self, mfu: float | None) -> float | None:
         """The same model FLOPs/s against the bf16 dense peak, for comparison with published
