@@ -281,3 +281,37 @@ def test_numeric_string_pids_and_tids_are_numbers_not_names(tmp_path: Path) -> N
         assert "names" not in json.dumps(con.execute("SELECT warnings FROM trace_files").fetchall())
         rows[name] = con.execute("SELECT pid, tid, ts_ns, name FROM cpu_ops ORDER BY ts_ns, name, tid").fetchall()
     assert rows["texts"] == rows["ints"] and rows["ints"]
+
+
+def test_torch_1_9_stream_tids_are_the_stream_number(tmp_path: Path) -> None:
+    """Kineto before torch 1.10 wrote a GPU event's tid as "stream 7", on its kernels and on the end
+    of each kernel's launch flow: the stream's number (7, as later Kineto writes it), not a thread
+    name; a ResNet-50 capture of that era had 9258 of them counted as "values were names" (issue 36).
+    The profiler's own spans ("pid": "Spans", "tid": "PyTorch Profiler") are no pid/tid to read."""
+    host = {"pid": 13721, "tid": "123"}
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "Operator", "name": "ProfilerStep#1", **host, "ts": 0, "dur": 600,
+         "args": {"Input Dims": [], "External id": 1}},
+        {"ph": "X", "cat": "Trace", "ts": 0, "dur": 600, "pid": "Spans", "tid": "PyTorch Profiler",
+         "name": "PyTorch Profiler (0)", "args": {"Op count": 0}},
+        {"name": "thread_name", "ph": "M", "ts": 0, "pid": 0, "tid": "stream 7", "args": {"name": "stream 7"}},
+    ]
+    for i in range(5):
+        events += [
+            {"ph": "X", "cat": "Operator", "name": "aten::mm", **host, "ts": 10 + i * 100, "dur": 50,
+             "args": {"Input Dims": [[64, 64], [64, 64]], "External id": i + 2}},
+            {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", **host, "ts": 15 + i * 100, "dur": 3,
+             "args": {"correlation": i + 1, "external id": i + 2}},
+            {"ph": "X", "cat": "Kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": "stream 7",
+             "ts": 30 + i * 100, "dur": 30, "args": {"correlation": i + 1, "external id": i + 2, "device": 0,
+                                                     "stream": 7}},
+            {"ph": "s", "id": i + 1, **host, "ts": 15 + i * 100, "cat": "async", "name": "launch"},
+            {"ph": "f", "id": i + 1, "pid": 0, "tid": "stream 7", "ts": 30 + i * 100, "cat": "async",
+             "name": "launch", "bp": "e"},
+        ]
+    con = store.connect(None)
+    ingest([str(_write(tmp_path / "resnet19.json.gz", {"schemaVersion": 1, "traceEvents": events}))], con,
+           IngestOptions(jobs=1))
+    assert "names" not in json.dumps(con.execute("SELECT warnings FROM trace_files").fetchall())
+    assert con.execute("SELECT DISTINCT pid, tid FROM flows ORDER BY ALL").fetchall() == [(0, 7), (13721, 123)]
+    assert con.execute("SELECT DISTINCT tid FROM cpu_ops WHERE name = 'aten::mm'").fetchall() == [(123,)]

@@ -141,11 +141,18 @@ def _int_or_none(v: int | str | None) -> int | None:
     return None
 
 
+_STREAM = "stream "
+
+
 def _host_id(v: int | str | None, bad: Counter[str] | None = None) -> int | None:
-    """A host pid or tid as an integer. Some writers name a thread ("python", "pt_autograd_0")
-    where Kineto writes its number: each name gets its own id, the same in every chunk and file
-    (a hash), negative so that it never meets a real one; counted."""
+    """A host pid or tid as an integer. Kineto before torch 1.10 wrote numbers as text ("tid":
+    "5555") and a GPU stream's tid as "stream 7" (its kernels' flow ends carry it): the number, as
+    later Kineto writes it (7), neither a name nor counted. Some writers name a thread ("python",
+    "pt_autograd_0") where Kineto writes its number: each name gets its own id, the same in every
+    chunk and file (a hash), negative so that it never meets a real one; counted."""
     n = _int_or_none(v)
+    if n is None and isinstance(v, str) and v.startswith(_STREAM):
+        n = _int_or_none(v.removeprefix(_STREAM))
     if n is None and isinstance(v, str):
         if bad is not None:
             bad["named_ids"] += 1
