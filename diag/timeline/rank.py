@@ -549,7 +549,7 @@ def _steps(rows: RankRows, ops: pa.Table, ts: I64, end: I64) -> tuple[Steps, I64
         np.maximum.at(last_end, step_of[valid], end[valid])
         np.add.at(counts, step_of[valid], 1)
     win_end = np.maximum.accumulate(last_end)  # windows never run backwards
-    carried = _carried(ts, end, has_launch, step_of, int(cpu_start[0]))
+    carried = _carried(ts, end, has_launch, step_of, int(cpu_start[0]), launch)
     first = max(int(cpu_start[0]), int(end[carried].max())) if carried.any() else int(cpu_start[0])
     win_start = np.concatenate([[min(first, int(win_end[0]))], win_end[:-1]])
     busy = np.maximum(_last_end_before(ts, end, win_end), win_start)
@@ -567,22 +567,37 @@ def _steps(rows: RankRows, ops: pa.Table, ts: I64, end: I64) -> tuple[Steps, I64
 _QUEUED_GAP_NS = 100_000
 
 
-def _carried(ts: I64, end: I64, has_launch: npt.NDArray[np.bool_], step_of: I64, start_ns: int) -> npt.NDArray[np.bool_]:
+def _carried(ts: I64, end: I64, has_launch: npt.NDArray[np.bool_], step_of: I64, start_ns: int,
+             launch_ns: I64) -> npt.NDArray[np.bool_]:
     """GPU work the first step did not launch, still queued when it began (an earlier iteration's):
-    the activities with no launch record that run back to back from the step's start (`start_ns`),
-    before the first activity the step launched. The first step begins no earlier than their end.
-    Unlaunched work after an idle gap is not carried over (another thread's, say) and stays."""
+    the activities with no launch record before the first activity the step launched that run back
+    to back either from the step's start (`start_ns`), or up to that first activity when it was
+    launched while they ran, so that it waited in the queue behind them. The second catches a
+    warm-up step left unsynchronized whose first kernels began before the capture and are not in
+    it (the recorded ones then start a kernel's length after the step's start: 0.5 ms on an H200).
+    The first step begins no earlier than their end. Unlaunched work after an idle gap, with the
+    GPU idle when the step's first kernel was launched, is not carried over (another thread's, say)."""
     out = np.zeros(len(ts), bool)
-    own = step_of == 0
-    if not own.any():
+    own = np.nonzero(step_of == 0)[0]
+    if not len(own):
         return out
-    cand = np.nonzero(~has_launch & (ts < ts[own].min()))[0]
+    first = int(own[np.argmin(ts[own])])
+    cand = np.nonzero(~has_launch & (ts < ts[first]))[0]
     reach = start_ns
     for i in cand[np.argsort(ts[cand], kind="stable")].tolist():
         if ts[i] > reach + _QUEUED_GAP_NS:
             break
         out[i] = True
         reach = max(reach, int(end[i]))
+    chain: list[int] = []
+    reach = int(ts[first])
+    for i in cand[np.argsort(-end[cand], kind="stable")].tolist():
+        if end[i] < reach - _QUEUED_GAP_NS:
+            break
+        chain.append(i)
+        reach = min(reach, int(ts[i]))
+    if chain and end[chain[0]] > launch_ns[first]:
+        out[chain] = True
     return out
 
 

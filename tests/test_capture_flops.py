@@ -1,5 +1,5 @@
-"""FLOPs and MFU from real CPU captures made here with torch.profiler (issue 36), each checked against a
-count made by hand from the model's layer shapes, never from diag's code:
+"""FLOPs and MFU from real torch.profiler captures (issue 36), each checked against a count made by
+hand from the model's layer shapes, never from diag's code. CPU captures made here:
 
 - a small convnet's training step (conv2d with stride and padding, batch norm, linear), with
   `Concrete Inputs` and with them turned off (torch 2.x then records the key with its lists blank:
@@ -10,10 +10,16 @@ count made by hand from the model's layer shapes, never from diag's code:
 A CPU capture has no GPU and so no peak: diag shows the FLOPs per step and says why MFU is absent;
 given --peak-tflops, MFU = model FLOPs per step ÷ (step time × peak), derived here from the trace's
 own ProfilerStep span.
+
+And GPU captures of the same convnet and of a larger attention block on an H200, recorded once
+(tests/data/captures/README.md says how): the convnet's step with and without Concrete Inputs, and
+the attention block's step right after an unsynchronized warm-up step whose kernels were still queued.
 """
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import json
 import subprocess
 import sys
@@ -28,7 +34,8 @@ from diag.engine.run import AnalyzeOptions
 from diag.outputs.report import render_markdown, render_text
 from diag.runtime.durations import flop_count
 
-pytest.importorskip("torch")
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+CAPTURES = Path(__file__).parent / "data" / "captures"
 
 CAPTURE = textwrap.dedent(
     """
@@ -124,6 +131,7 @@ def convnet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {case: _capture(tmp, case) for case in ("convnet", "convnet-blank")}
 
 
+@needs_torch
 @pytest.mark.parametrize("case", ["convnet", "convnet-blank"])
 def test_convnet_training_flops_by_hand(convnet: dict[str, Path], case: str) -> None:
     """Every matmul-class op of the step is counted once (the innermost op of aten::conv2d >
@@ -146,6 +154,7 @@ def test_convnet_training_flops_by_hand(convnet: dict[str, Path], case: str) -> 
     assert "no GPU in the trace and no --peak-tflops: MFU unknown" in text
 
 
+@needs_torch
 def test_convnet_mfu_against_a_given_peak(convnet: dict[str, Path]) -> None:
     """With --peak-tflops, MFU = 3 × forward FLOPs ÷ (step window × peak); HFU counts what ran."""
     path = convnet["convnet"]
@@ -161,6 +170,7 @@ def test_convnet_mfu_against_a_given_peak(convnet: dict[str, Path]) -> None:
     assert any(n.startswith("CPU-only trace") and n.endswith("each step, mean over steps") for n in r["notes"])
 
 
+@needs_torch
 def test_attention_step_after_a_warm_up_in_three_cycles(tmp_path: Path) -> None:
     """Three capture windows of one step each; every step's FLOPs are the block's forward (inference:
     no backward), SDPA counted once (aten::scaled_dot_product_attention contains
@@ -176,3 +186,70 @@ def test_attention_step_after_a_warm_up_in_three_cycles(tmp_path: Path) -> None:
     r = _analyze(path, PEAK_TFLOPS)
     expected = sum(ATTENTION_FORWARD / (w * PEAK_TFLOPS * 1e12) for w in windows) / 3
     assert r["mfu"] == pytest.approx(expected, rel=1e-6)
+
+
+# --- the H200 captures ------------------------------------------------------------------------
+
+H200_FP32 = 67.0   # H200 SXM dense fp32, TFLOP/s (its datasheet: the same compute as the H100 SXM)
+
+# The attention block of the H200 capture, by hand: B 32, L 1024, width 1024, 16 heads of 64.
+BIG_ROWS = 32 * 1024
+BIG_FORWARD = (2 * BIG_ROWS * 3072 * 1024                   # qkv projection
+               + 4 * 32 * 16 * 1024 * 1024 * 64             # QKᵀ and PV: 4 · B · H · L · S · E
+               + 10 * (2 * BIG_ROWS * 1024 * 1024           # output projection, ten times
+                       + 2 * 32 * 1024 * 1024 * 1024        # bmm [32,1024,1024] × [32,1024,1024]
+                       + 2 * 32 * 1024 * 1024 * 1024))      # @ x, the same shapes
+
+
+def _gpu_trace(name: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads(gzip.decompress((CAPTURES / name).read_bytes()))["traceEvents"]
+    return events
+
+
+def _windows(events: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """The step's window by hand, µs: from the CPU's ProfilerStep start, or from the end of the GPU
+    work queued before it that it did not launch (kernels whose correlation no launch call has, ending
+    before the step's first launched kernel starts, back to back), to the end of the last kernel the
+    step launched (or the CPU span's end, if later); and how many kernels were carried over."""
+    (step,) = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    launched = {e["args"]["correlation"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    own = [k for k in kernels if k["args"].get("correlation") in launched]
+    first_own = min(k["ts"] for k in own)
+    carried = [k for k in kernels if k["args"].get("correlation") not in launched and k["ts"] < first_own]
+    start = max([step["ts"], *(k["ts"] + k["dur"] for k in carried)])
+    end = max(step["ts"] + step["dur"], *(k["ts"] + k["dur"] for k in own))
+    return start, end, len(carried)
+
+
+@pytest.mark.parametrize("name", ["convnet.pt.trace.json.gz", "convnet-blank.pt.trace.json.gz"])
+def test_h200_convnet_training_flops_by_hand(name: str) -> None:
+    """The convnet's step on an H200: cuDNN and cuBLAS kernels under each op, the first layer's weight
+    gradient a cuDNN direct kernel (wgrad2d_grouped_direct_kernel, a matmul-class row of kernels.toml).
+    FLOPs as on the CPU; MFU = 3 × forward ÷ (window × 67 TFLOP/s)."""
+    path = CAPTURES / name
+    r = _analyze(path)
+    over = CONV1 if "blank" in name else 0
+    assert r["flops_per_step"] == {"model": 3.0 * FORWARD, "forward": float(FORWARD),
+                                   "executed": float(FORWARD + BACKWARD + over)}
+    assert r["flops_coverage"] == 1.0 and r["device"]["part"] == "h200" and r["device"]["peak_tflops"] == H200_FP32
+    start, end, carried = _windows(_gpu_trace(name))
+    assert carried == 0 and r["step_time_s"] == pytest.approx((end - start) * 1e-6, rel=1e-6)
+    assert r["mfu"] == pytest.approx(3 * FORWARD / ((end - start) * 1e-6 * H200_FP32 * 1e12), rel=1e-6)
+
+
+def test_h200_single_step_after_an_unsynchronized_warm_up() -> None:
+    """The warm-up's 33 kernels (45 ms) still ran when the active step began, with no launch record:
+    the step's window begins where they end, every GEMM and attention kernel the step launched has
+    shapes, and MFU is a point: the block's forward FLOPs ÷ (window × 67 TFLOP/s)."""
+    name = "attention-after-warmup.pt.trace.json.gz"
+    r = _analyze(CAPTURES / name)
+    start, end, carried = _windows(_gpu_trace(name))
+    assert carried == 33
+    assert r["workload"] == "inference" and r["flops_coverage"] == 1.0 and r["mfu_range"] is None
+    assert r["flops_per_step"]["model"] == r["flops_per_step"]["executed"] == float(BIG_FORWARD)
+    assert r["step_time_s"] == pytest.approx((end - start) * 1e-6, rel=1e-6)
+    assert r["mfu"] == pytest.approx(BIG_FORWARD / ((end - start) * 1e-6 * H200_FP32 * 1e12), rel=1e-6)
+    assert any(n.startswith("33 GPU activities") and "no launch record ran before the first step's own" in n
+               for n in r["notes"])
