@@ -165,6 +165,12 @@ def test_unlaunched_work_after_an_idle_gap_is_not_carried_over(tmp_path: Path) -
     _, r = analyze_path(str(d), None, AnalyzeOptions(), warn=False)
     assert r["step_time_s"] == pytest.approx(STEP_US * 1e-6)
     assert not any("no launch record ran before" in n for n in r["notes"])
+    # It runs in the step's window with no FLOPs: it counts against coverage, and the upper bound adds
+    # its 100 µs at the rate the shaped GEMM achieved (its FLOPs in 300 µs), as a launched one's would.
+    flops = 2.0 * M * N * K
+    assert r["flops_coverage"] == pytest.approx(300 / 400)
+    assert r["mfu_range"] == pytest.approx([flops / (STEP_US * 1e-6 * PEAK),
+                                            (flops + 100.0 * flops / 300.0) / (STEP_US * 1e-6 * PEAK)])
 
 
 def test_a_thin_gemm_is_judged_at_its_own_dtypes_peak(tmp_path: Path) -> None:

@@ -127,8 +127,16 @@ def _unshaped(tl: RankTimeline, matmul: npt.NDArray[np.bool_]) -> npt.NDArray[np
 
 
 def _unshaped_by_step(tl: RankTimeline, matmul: npt.NDArray[np.bool_]) -> list[int]:
+    """Per step, the time of its GEMM/attention kernels without FLOPs: those it launched, and those
+    with no launch in it that run inside its window (an unlaunched kernel counts against coverage
+    wherever it runs, so it widens mfu_range's upper bound there too, or the range would be no range)."""
     idx = _unshaped(tl, matmul)
-    step = tl.step_of[idx]
+    step = tl.step_of[idx].copy()
+    starts, ends = tl.steps.start_ns, tl.steps.end_ns
+    if len(starts) and (orphan := step < 0).any():
+        at = np.searchsorted(starts, tl.ts_ns[idx], side="right") - 1
+        inside = orphan & (at >= 0) & (tl.ts_ns[idx] < ends[np.clip(at, 0, None)])
+        step[inside] = at[inside]
     keep = step >= 0
     dur = (tl.end_ns[idx] - tl.ts_ns[idx])[keep]
     return np.bincount(step[keep], weights=dur, minlength=len(tl.steps.step)).astype(np.int64).tolist()
