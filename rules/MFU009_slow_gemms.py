@@ -267,12 +267,13 @@ class SlowGemms(Rule[Params]):
             # dtype leaves the part's tensor cores idle, the precision lever, which needs no FLOPs.
             part, convs = self._part_and_convs(run, digests)
             precision = precision_advice(part, run.peak.dtype, convs)
-            split = mfu_missing(peak is not None, run.host_timeline) + \
+            host = run.host_timeline
+            split = mfu_missing(peak is not None, host, run.peak.part_name is not None) + \
                 " to split GEMM time into model compute and inefficiency"
             return [Finding(
                 self.code, self.slug, "info", frac, lost_s, ranks, steps, [],
                 "; ".join([precision, split] if precision else [split]),
-                f"GEMM/attention kernels take {frac:.1%} of the step; without "
+                f"{'matmul ops on the host' if host else 'GEMM/attention kernels'} take {frac:.1%} of the step; without "
                 f"{'model FLOPs' if peak is not None else 'a peak'} it is not split into model compute and loss",
                 None, {}, bucket="gemm_inefficiency", recoverable_fraction=0.0,
             )]

@@ -280,10 +280,12 @@ def severity(points: float) -> str:
     return "info"
 
 
-def mfu_missing(peak_known: bool, host: bool = False) -> str:
+def mfu_missing(peak_known: bool, host: bool = False, listed_gpu: bool = False) -> str:
     """What to pass for the MFU the trace could not give: the peak where the part is unknown (on a
-    CPU-only run, the CPU's: there is no part), else the model FLOPs (the part was found, and op
-    shapes did not cover enough GEMM time)."""
+    CPU-only run, the CPU's: there is no part; a trace that lists a GPU it did not record needs that
+    recorded), else the model FLOPs (the part was found, and op shapes did not cover enough GEMM time)."""
+    if host and listed_gpu:
+        return "capture with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] (the GPU's timeline is not in the trace)"
     if not peak_known and host:
         return "pass --peak-tflops (the CPU's peak: the trace has no GPU)"
     if not peak_known:
