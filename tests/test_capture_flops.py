@@ -145,6 +145,7 @@ def test_convnet_training_flops_by_hand(convnet: dict[str, Path], case: str) -> 
     assert r["flops_per_step"] == {"model": 3.0 * FORWARD, "forward": float(FORWARD),
                                    "executed": float(FORWARD + BACKWARD + over)}
     assert r["flops_coverage"] == 1.0
+    _says_how_masks_were_counted(r, case)
     # No GPU, no peak: no MFU, the reason said, and the FLOPs shown all the same.
     assert r["mfu"] is None and r["mfu_range"] is None and r["device"]["peak_tflops"] is None
     text = render_text(r)
@@ -152,6 +153,15 @@ def test_convnet_training_flops_by_hand(convnet: dict[str, Path], case: str) -> 
     assert flops in text and flops in render_markdown(r)
     assert "MFU needs a peak, and there is no GPU to take one from: pass --peak-tflops with the CPU's" in text
     assert "no GPU in the trace and no --peak-tflops: MFU unknown" in text
+
+
+def _says_how_masks_were_counted(r: dict[str, Any], case: str) -> None:
+    """Without Concrete Inputs a note says how the two convolution backwards were counted."""
+    said = [n for n in r["notes"] if "aten::convolution_backward ops record no output_mask" in n]
+    assert said == ([] if "blank" not in case else [
+        "2 aten::convolution_backward ops record no output_mask (no Concrete Inputs): counted as computing both "
+        "the input and the weight gradient, each its forward's FLOPs; a first layer computes only the weight's, "
+        "so executed FLOPs (HFU) count one forward more for it, model FLOPs (3 × forward) none"])
 
 
 @needs_torch
@@ -234,6 +244,7 @@ def test_h200_convnet_training_flops_by_hand(name: str) -> None:
     assert r["flops_per_step"] == {"model": 3.0 * FORWARD, "forward": float(FORWARD),
                                    "executed": float(FORWARD + BACKWARD + over)}
     assert r["flops_coverage"] == 1.0 and r["device"]["part"] == "h200" and r["device"]["peak_tflops"] == H200_FP32
+    _says_how_masks_were_counted(r, name)
     start, end, carried = _windows(_gpu_trace(name))
     assert carried == 0 and r["step_time_s"] == pytest.approx((end - start) * 1e-6, rel=1e-6)
     assert r["mfu"] == pytest.approx(3 * FORWARD / ((end - start) * 1e-6 * H200_FP32 * 1e12), rel=1e-6)

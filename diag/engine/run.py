@@ -219,6 +219,8 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
             "shapes give, the upper adds the rest of GEMM/attention kernel time at the rate the shaped kernels "
             "achieved")
     run.notes.append(f"peak: {peak.source}")
+    if (masks := _conv_mask_note(con, ranks)) is not None:
+        run.notes.append(masks)
     run.notes.extend(rank_notes(con))
     # On a host timeline the activities are aten ops, not kernels: no kernel table applies.
     unknown = None if host else _unknown_kernels_note(ranks)
@@ -314,6 +316,21 @@ def _take_out_waits(exposed: dict[tuple[int, int], int], ranks: list[RankDigest]
             key = (r.file_id, m.call.act)
             if key in exposed:
                 exposed[key] = max(exposed[key] - w, 0)
+
+
+def _conv_mask_note(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest]) -> str | None:
+    """How many convolution backward ops with shapes record no output_mask (no Concrete Inputs, or
+    them turned off), whose FLOPs are then counted for both gradients (knowledge/flops.py): the
+    executed FLOPs a user re-derives depend on it. Asked of the store: one query over the run."""
+    ids = store.id_set(r.file_id for r in ranks)
+    n = con.execute(f"SELECT count(*) FROM cpu_ops WHERE file_id IN ({ids}) AND name = 'aten::convolution_backward' "
+                    "AND input_dims IS NOT NULL AND coalesce(args->'Concrete Inputs'->>10, '') = ''").fetchall()[0][0]
+    if not n:
+        return None
+    return (f"{n} aten::convolution_backward op{'s' if n > 1 else ''} record no output_mask (no Concrete Inputs): "
+            "counted as computing both the input and the weight gradient, each its forward's FLOPs; a first layer "
+            "computes only the weight's, so executed FLOPs (HFU) count one forward more for it, model FLOPs (3 × "
+            "forward) none")
 
 
 def _unknown_kernels_note(ranks: list[RankDigest], top: int = 5) -> str | None:
