@@ -31,7 +31,8 @@ import pytest
 
 from diag.api import analyze_path
 from diag.engine.run import AnalyzeOptions
-from diag.outputs.report import render_markdown, render_text
+from diag.outputs.report import render_markdown, render_text, to_json
+from diag.outputs.report_types import to_typed
 from diag.runtime.durations import flop_count
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -244,6 +245,8 @@ def test_h200_convnet_training_flops_by_hand(name: str) -> None:
     assert r["flops_per_step"] == {"model": 3.0 * FORWARD, "forward": float(FORWARD),
                                    "executed": float(FORWARD + BACKWARD + over)}
     assert r["flops_coverage"] == 1.0 and r["device"]["part"] == "h200" and r["device"]["peak_tflops"] == H200_FP32
+    typed = to_typed(json.loads(to_json(r))).flops_per_step
+    assert typed is not None and typed.forward == FORWARD
     _says_how_masks_were_counted(r, name)
     start, end, carried = _windows(_gpu_trace(name))
     assert carried == 0 and r["step_time_s"] == pytest.approx((end - start) * 1e-6, rel=1e-6)

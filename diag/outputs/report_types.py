@@ -103,6 +103,12 @@ class Parallelism(msgspec.Struct, frozen=True):
     how: str
 
 
+class FlopsPerStep(msgspec.Struct, frozen=True):
+    model: float | None               # what mfu counts (training: 3 × forward); null under the coverage guard
+    forward: float
+    executed: float                   # every FLOP the shaped ops did (HFU's)
+
+
 class Report(msgspec.Struct, frozen=True):
     schema: str
     diag_version: str
@@ -133,6 +139,7 @@ class Report(msgspec.Struct, frozen=True):
     notes: list[str]
     critical_path: list[CriticalPathStep]
     parallelism: Parallelism | None = None   # the mesh (attribution/mesh.py); absent before it was added
+    flops_per_step: FlopsPerStep | None = None   # FLOPs from op shapes, mean per rank-step; absent before issue 36
 
 
 def to_typed(document: dict[str, Any]) -> Report:
