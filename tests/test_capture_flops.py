@@ -179,6 +179,9 @@ def test_convnet_mfu_against_a_given_peak(convnet: dict[str, Path]) -> None:
     text = render_text(r)
     assert f"MFU {r['mfu'] * 100:.1f}%" in text and f"MFU against --peak-tflops {PEAK_TFLOPS:g}" in text
     assert any(n.startswith("CPU-only trace") and n.endswith("each step, mean over steps") for n in r["notes"])
+    page = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(path), "--format", "html"],
+                          capture_output=True, text=True, check=True, timeout=300).stdout
+    assert f"FLOPs/step: model, executed<b>{flop_count(3 * FORWARD)}, {flop_count(FORWARD + BACKWARD)}" in page
 
 
 @needs_torch

@@ -19,7 +19,7 @@ from diag.engine.run import Analysis
 from diag.knowledge import kernels
 from diag.outputs.evidence import resolve
 from diag.outputs.report import MESH_HEADER, UNSPLIT, _header, _of, _waterfall, mesh_rows, unsplit_points
-from diag.runtime.durations import number, percent, signed_percent
+from diag.runtime.durations import flop_count, number, percent, signed_percent
 from diag.runtime.sanitize import html_text
 
 # One colour per bucket (Okabe–Ito-like, distinguishable in colour-blindness simulations).
@@ -96,6 +96,10 @@ def _kpis(r: dict[str, Any], windows: list[float]) -> str:
         ("part", d["name"] or "unknown"),
         ("peak", "unknown" if d["peak_tflops"] is None else f"{number(d['peak_tflops'])} TFLOP/s {d['dtype']}"),
     ]
+    f = r.get("flops_per_step")
+    if r.get("timeline") == "host" and f and f["executed"]:   # as the text's header: MFU's figures by hand
+        model = "unknown" if f["model"] is None else flop_count(f["model"])
+        cells.append(("FLOPs/step: model, executed", f"{model}, {flop_count(f['executed'])}"))
     if windows:
         cells.append(("step time (median)", f"{statistics.median(windows) * 1e3:.2f} ms"))
         cells.append(("spread over rank-steps", f"{min(windows) * 1e3:.2f} – {max(windows) * 1e3:.2f} ms"))
