@@ -352,7 +352,7 @@ HOST_NOTE = (
 )
 HOST_MFU = {
     False: "MFU needs a peak, and there is no GPU to take one from: pass --peak-tflops with the CPU's",
-    True: "MFU = model FLOPs per step ÷ (step time × the --peak-tflops given), each step, mean over steps",
+    True: "MFU = Σ model FLOPs ÷ (Σ step windows × the --peak-tflops given), over the analyzed steps",
 }
 # A trace that lists GPUs (deviceProperties) yet holds no GPU activity: a capture of CPU activities
 # only on a GPU machine, or of CUPTI's range profiler (counters per range, no kernel timeline). The
