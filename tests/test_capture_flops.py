@@ -33,7 +33,7 @@ from diag.api import analyze_path
 from diag.engine.run import AnalyzeOptions
 from diag.outputs.report import render_markdown, render_text, to_json
 from diag.outputs.report_types import to_typed
-from diag.runtime.durations import flop_count
+from diag.runtime.durations import flop_count, percent
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 CAPTURES = Path(__file__).parent / "data" / "captures"
@@ -182,7 +182,7 @@ def test_convnet_mfu_against_a_given_peak(convnet: dict[str, Path]) -> None:
     assert r["hfu"] == pytest.approx(3 * FORWARD / (window * PEAK_TFLOPS * 1e12), rel=1e-6)   # no recompute
     assert r["ledger"]["model_compute"] == pytest.approx(r["mfu"], rel=1e-6)
     text = render_text(r)
-    assert f"MFU {r['mfu'] * 100:.1f}%" in text and f"MFU against --peak-tflops {PEAK_TFLOPS:g}" in text
+    assert f"MFU {percent(r['mfu'])}" in text and f"MFU against --peak-tflops {PEAK_TFLOPS:g}" in text
     assert any(n.startswith("CPU-only trace") and n.endswith("over the analyzed steps") for n in r["notes"])
     page = subprocess.run([sys.executable, "-m", "diag.cli", "analyze", str(path), "--format", "html"],
                           capture_output=True, text=True, check=True, timeout=300).stdout
