@@ -12,7 +12,7 @@ given --peak-tflops, MFU = model FLOPs per step ÷ (step time × peak), derived 
 own ProfilerStep span.
 
 And GPU captures of the same convnet and of a larger attention block on an H200, recorded once
-(tests/data/captures/README.md says how): the convnet's step with and without Concrete Inputs, and
+(tests/data/gpu_captures/h200_fp32/README.md says how): the convnet's step with and without Concrete Inputs, and
 the attention block's step right after an unsynchronized warm-up step whose kernels were still queued.
 """
 
@@ -36,7 +36,7 @@ from diag.outputs.report_types import to_typed
 from diag.runtime.durations import flop_count, percent
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
-CAPTURES = Path(__file__).parent / "data" / "captures"
+CAPTURES = Path(__file__).parent / "data" / "gpu_captures" / "h200_fp32"
 
 CAPTURE = textwrap.dedent(
     """
