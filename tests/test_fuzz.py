@@ -1,123 +1,145 @@
-"""Random mutations of real files of every format diag reads (issue 15, "Tests"): whatever the
-damage, a file's ingest ends in its rows, its warnings or one BadInput, never another exception.
+"""Damaged and hostile inputs of every format diag reads, through everything a run does (issues 15
+and 40): whatever the damage, the run ends in a report the gate's validator accepts, or in one-line
+BadInputs naming the file; never another exception, never a hang.
 
-Kineto traces (small ones from ../shared/traces), Flight Recorder JSON and pickle, NCCL Inspector
-NDJSON and the NCCL profiler plugin's JSON (tests/data/nccl), each mutated with a fixed seed:
-bytes flipped, spans cut, repeated or swapped, hostile tokens put in (huge or negative numbers,
-NaN, deep nesting, other types), the end cut off, the result gzipped and the gzip damaged. Each
-case runs the parse of one file in this process, as a worker does (parse_file.parse_into).
+Cases come from fixtures/fuzz.py (real samples of Kineto, the NCCL profiler plugin's JSON, NCCL
+Inspector logs and Flight Recorder dumps, mutated with a fixed seed). A full run costs ~0.2 s of
+DuckDB whatever its size, so the cases of one format run in batches: one directory of BATCH cases
+(beside a good Kineto trace for NCCL-side formats) ingested into one store, each file its own unit
+(pipeline.ingest: a bad file is left out with its error), then analyzed, reported and validated, in
+this process. When a batch fails, each of its cases is run alone to name the one that did.
+Some Kineto batches take the big-file path (SPLIT_BYTES lowered: a forked child parses half), some
+--salvage. A few hundred cases run as the CLI itself, with careless options (tests/test_fuzz_cli.py).
 """
 
 from __future__ import annotations
 
-import gzip
+import json
 import random
+import shutil
+import signal
+import time
 import traceback
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from helpers import NO_TRACES, TRACES
+from helpers import NO_TRACES
 
-from diag.ingest.options import IngestOptions, Skipped
-from diag.ingest.parse_file import parse_into
+from diag.api import analyze_opened
+from diag.engine.run import AnalyzeOptions
+from diag.ingest import kineto_split
+from diag.ingest.options import IngestOptions
+from diag.ingest.pipeline import ingest
+from diag.outputs.gate import check_report
+from diag.outputs.report import render_markdown, render_text, to_json
+from diag.runtime import store
 from diag.runtime.errors import BadInput
+from fixtures.fuzz import FORMATS, Sample, mutate, samples, write_case
 
-SEED = 15
-CASES = 3000
-DATA = Path(__file__).parent / "data" / "nccl"
-# Small real Kineto traces: a CUDA training step, a ROCm one, a Triton one.
-KINETO = ("kineto/docs/traces/after_fix_trace.json",
-          "HolisticTraceAnalysis/tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
-          "HolisticTraceAnalysis/tests/data/triton_example/triton_example.json.gz")
-TOKENS = (b"null", b"-1", b"1e400", b"-9223372036854775809", b"18446744073709551616", b"NaN", b"Infinity",
-          b'"x"', b"[]", b"{}", b"true", b"0.5", b"[" * 200, b"{" * 50, b'"\\ud800"', b"\xff\xfe", b"\x00",
-          b"9" * 5000, b'"ph": "X"', b'"ts": -5', b'"dur": -1', b"\n", b",", b"]", b"}")
+SEED = 40
+PER_FORMAT = 2000
+# Cases per store: Kineto cases are ranks of one run (a batch mutates one sample); NCCL-side files
+# are each one small table beside one Kineto rank.
+BATCH = {"kineto": 50, "nccl_profiler": 400, "inspector": 400, "flight_recorder": 400}
+# A batch that takes longer hangs (a batch takes 0.5–2 s on 2 cores).
+BATCH_LIMIT_S = 60
 
 
-def samples() -> list[tuple[str, bytes]]:
-    """(file name, decompressed content) of every sample there is."""
-    out = [(p.name, p.read_bytes()) for p in sorted(DATA.iterdir())]
-    for rel in KINETO:
-        p = TRACES / rel
-        if p.exists():
-            data = gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
-            out.append(("rank-3.json", data))
-    return out
+class Hang(Exception):
+    pass
 
 
-def mutate(rng: random.Random, data: bytes) -> bytes:
-    """One to three random edits."""
-    b = bytearray(data)
-    for _ in range(rng.randint(1, 3)):
-        op = rng.randrange(7)
-        i = rng.randrange(len(b) + 1)
-        j = min(len(b), i + rng.randint(1, 64))
-        if op == 0 and b:                        # flip bytes
-            for k in range(i, j):
-                b[k] = rng.randrange(256)
-        elif op == 1:                            # cut a span
-            del b[i:j]
-        elif op == 2:                            # repeat a span
-            b[i:i] = b[i:j] * rng.randint(1, 50)
-        elif op == 3:                            # a hostile token in place of a span
-            b[i:j] = rng.choice(TOKENS)
-        elif op == 4:                            # the end cut off (a killed writer)
-            del b[i:]
-        elif op == 5:                            # two spans swapped
-            k = rng.randrange(len(b) + 1)
-            lo, hi = sorted((i, k))
-            b[lo:hi] = b[lo:hi][::-1] if rng.random() < 0.5 else b[lo:hi]
-        else:                                    # a number's digits replaced by a long run
-            b[i:i] = str(rng.choice((10**30, -(2**63), 2**64, 0))).encode()
-    out = bytes(b)
-    if rng.random() < 0.15:                      # gzipped, and sometimes the gzip damaged
-        out = gzip.compress(out, 1)
-        if rng.random() < 0.5 and len(out) > 20:
-            out = out[: rng.randrange(10, len(out))]
-    return out
+@contextmanager
+def time_limit(seconds: int) -> Iterator[None]:
+    def expire(signum: int, frame: object) -> None:
+        raise Hang(f"over {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
-class _Rows:
-    """A sink that only counts (the store is not what is fuzzed here)."""
-
-    def __init__(self) -> None:
-        self.rank: int | None = None
-        self.file_id = -1
-        self.rows = 0
-
-    def add(self, tables: dict[str, pa.Table]) -> None:
-        self.rows += sum(t.num_rows for t in tables.values())
-
-    def split(self, ranks: list[int]) -> None:
-        pass   # a merged file's ranks: nothing to number here
-
-    def flush(self) -> None:
-        pass   # nothing buffered
-
-
-def test_no_exception_escapes_a_files_ingest(tmp_path: Path) -> None:
-    files = samples()
-    if not any(name == "rank-3.json" for name, _ in files):
-        pytest.skip(NO_TRACES)
-    rng = random.Random(SEED)
-    escaped: list[str] = []
-    outcomes = {"rows": 0, "bad input": 0, "skipped": 0}
-    for case in range(CASES):
-        name, data = files[case % len(files)]
-        mutated = mutate(rng, data)
-        path = tmp_path / (name + (".gz" if mutated[:2] == b"\x1f\x8b" and name.endswith(".json") else ""))
-        path.write_bytes(mutated)
-        opts = IngestOptions(salvage=case % 3 == 0)
+def run(directory: Path, opts: IngestOptions) -> str:
+    """One store's run over `directory`: 'report', or 'bad input' when analyze refused it (one line
+    naming a file). Each file left out must be a one-line BadInput naming that file."""
+    con = store.connect(None)
+    try:
+        result = ingest([str(directory)], con, opts)
+        for e in result.errors:
+            line = e.one_line()
+            assert "\n" not in line and e.path.startswith(str(directory)) and e.path in line, line
         try:
-            out = parse_into(str(path), frozenset(), opts, True, _Rows())
-            outcomes["skipped" if isinstance(out, Skipped) else "rows"] += 1
+            _, report = analyze_opened(con, AnalyzeOptions())
         except BadInput as e:
-            assert "\n" not in e.one_line()
-            outcomes["bad input"] += 1
+            assert "\n" not in e.one_line(), e.one_line()
+            return "bad input"
+        check_report(json.loads(to_json(report)), str(directory))
+        render_text(report)
+        render_markdown(report)
+        return "report"
+    finally:
+        con.close()
+
+
+def cases(fmt: str, rng: random.Random, pool: list[Sample], n: int) -> list[tuple[Sample, bytes]]:
+    return [(s, mutate(rng, s)) for s in (rng.choice(pool) for _ in range(n))]
+
+
+def write(directory: Path, batch: list[tuple[Sample, bytes]], kineto: bytes | None) -> None:
+    for i, (s, data) in enumerate(batch):
+        write_case(directory / f"case-{i}", s, data, None)
+    if kineto is not None:
+        (directory / "rank-0.json").write_bytes(kineto)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_no_exception_escapes_a_run(fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    by_format = samples()
+    if not by_format["kineto"]:
+        pytest.skip(NO_TRACES)
+    rng = random.Random(f"{SEED}-{fmt}")
+    kineto = None if fmt == "kineto" else by_format["kineto"][0].data
+    outcomes: Counter[str] = Counter()
+    slowest = 0.0
+    for b in range(PER_FORMAT // BATCH[fmt]):
+        # A Kineto batch mutates one sample: files of unrelated runs would be refused together.
+        pool = [by_format[fmt][b % len(by_format[fmt])]] if fmt == "kineto" else by_format[fmt]
+        batch = cases(fmt, rng, pool, BATCH[fmt])
+        directory = tmp_path / f"batch-{b}"
+        write(directory, batch, kineto)
+        opts = IngestOptions(salvage=b % 3 == 0, jobs=1)
+        # One Kineto batch in four takes the big-file path: every file of 4 KiB or more split
+        # between this process and a forked child (kineto_split), as a 16 MiB one is.
+        monkeypatch.setattr(kineto_split, "SPLIT_BYTES", 4096 if fmt == "kineto" and b % 4 == 1 else 16 << 20)
+        t0 = time.perf_counter()
+        try:
+            with time_limit(BATCH_LIMIT_S):
+                outcomes[run(directory, opts)] += 1
         except Exception:
-            escaped.append(f"case {case} ({name}): {traceback.format_exc(limit=-3)}")
-        path.unlink()
-    assert not escaped, f"{len(escaped)} of {CASES} escaped; first:\n" + "\n".join(escaped[:3])
-    # The mutations must leave some files readable and break others, or they test nothing.
-    assert outcomes["rows"] > CASES // 10 and outcomes["bad input"] > CASES // 10, outcomes
+            pytest.fail(f"{fmt} batch {b} ({directory}): {traceback.format_exc(limit=-4)}\n"
+                        f"{culprit(tmp_path / 'alone', batch, kineto, opts)}")
+        slowest = max(slowest, time.perf_counter() - t0)
+        shutil.rmtree(directory)
+    # The mutations must leave most runs reportable, or they test nothing past the parse.
+    assert outcomes["report"] >= sum(outcomes.values()) // 2, outcomes
+
+
+def culprit(directory: Path, batch: list[tuple[Sample, bytes]], kineto: bytes | None, opts: IngestOptions) -> str:
+    """The first case of a failed batch that fails alone, as the lines to reproduce it."""
+    for i, case in enumerate(batch):
+        shutil.rmtree(directory, ignore_errors=True)
+        write(directory, [case], kineto)
+        try:
+            with time_limit(BATCH_LIMIT_S):
+                run(directory, opts)
+        except Exception:
+            kept = directory.parent / f"culprit-{i}"
+            shutil.copytree(directory, kept)
+            return f"case {i} alone fails, kept in {kept}: {traceback.format_exc(limit=-4)}"
+    return "no case fails alone: it takes the batch"

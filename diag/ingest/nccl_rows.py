@@ -19,6 +19,7 @@ import pyarrow as pa
 from msgspec.structs import fields
 
 from diag.runtime.errors import BadInput
+from diag.runtime.sanitize import storable
 
 # nccl_ops without file_id and rank, in the order of schema.sql (a test compares the two).
 NCCL_OPS_SCHEMA = pa.schema(
@@ -121,6 +122,10 @@ def ops_table(rows: Iterable[NcclOp], source: str) -> tuple[pa.Table, list[str]]
     arrays, warnings = [], []
     for field in NCCL_OPS_SCHEMA:
         values = columns[field.name]
+        if field.name == "record":
+            values = [_storable_json(v) for v in values]
+        elif field.type == pa.string():   # a lone surrogate from the file has no UTF-8 encoding
+            values = [storable(v) if isinstance(v, str) else v for v in values]
         try:
             arrays.append(pa.array(values, field.type))
         except (pa.ArrowInvalid, OverflowError):
@@ -266,9 +271,20 @@ def loads(text: str) -> object:
         raise JsonLimit(f"an integer of more than {sys.get_int_max_str_digits()} digits") from None
 
 
+# A UTF-16 surrogate written as a JSON escape: DuckDB's JSON refuses one that is not half of a pair.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _storable_json(text: str) -> str:
+    """A record kept as the file wrote it (Inspector's line), unless it escapes a surrogate: then
+    decoded and written again, a lone one as U+FFFD (pairs decode to their character)."""
+    return record_json(json.loads(text)) if _SURROGATE_ESCAPE.search(text) else text
+
+
 def record_json(record: object) -> str:
-    """The source record verbatim as compact JSON; big integers stay exact (stdlib json)."""
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+    """The source record verbatim as compact JSON; big integers stay exact (stdlib json), a lone
+    surrogate (a `\\ud800` escape in the file) U+FFFD, which DuckDB's JSON accepts."""
+    return storable(json.dumps(record, separators=(",", ":"), ensure_ascii=False))
 
 
 def decode_text(path: str, data: bytes) -> str:

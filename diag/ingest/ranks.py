@@ -25,6 +25,7 @@ from diag.ingest.discover import name_parts
 from diag.ingest.kineto_tabulate import SCHEMAS
 from diag.runtime import store
 from diag.runtime.errors import BadInput
+from diag.runtime.sanitize import storable
 
 # Captures of one run's ranks overlap, or follow each other by the seconds to minutes between
 # profiler cycles; a capture of another process an hour from any other is another run.
@@ -98,7 +99,7 @@ def _processes(con: duckdb.DuckDBPyConnection, where: str) -> list[tuple[_Proces
 def _add_warning(con: duckdb.DuckDBPyConnection, file_id: int, warning: str) -> None:
     row = con.execute("SELECT warnings FROM trace_files WHERE file_id = ?", [file_id]).fetchall()[0]
     warnings = json.loads(row[0]) if row[0] else []
-    con.execute("UPDATE trace_files SET warnings = ? WHERE file_id = ?", [json.dumps([*warnings, warning]), file_id])
+    con.execute("UPDATE trace_files SET warnings = ? WHERE file_id = ?", [storable(json.dumps([*warnings, warning], ensure_ascii=False)), file_id])
 
 
 class _Capture(msgspec.Struct, frozen=True):

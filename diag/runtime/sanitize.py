@@ -38,6 +38,19 @@ def _escape_char(c: str) -> str:
     return c.encode("unicode_escape").decode("ascii")
 
 
+# Every UTF-16 surrogate: a Python str holds one only alone (JSON's "\\ud800" escape, a pickle's
+# string, a file name's undecodable byte), and UTF-8 has no encoding for it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """Text that Arrow and DuckDB accept (valid UTF-8): a lone surrogate becomes U+FFFD, or \\xNN
+    for a file name's undecodable byte, as `printable` writes it; everything else is kept."""
+    if text.isascii():
+        return text
+    return _SURROGATE.sub(lambda m: _escape_char(m.group()) if 0xDC80 <= ord(m.group()) <= 0xDCFF else "\ufffd", text)
+
+
 # A runner trims leading blanks before it looks for `::` (actions/runner ActionCommand.TryParseV2).
 _COMMAND_START = re.compile(r"^(\s*):(?=:)")
 

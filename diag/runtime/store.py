@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from diag.runtime.errors import BadInput
 from diag.runtime.paths import NOT_A_STORE
+from diag.runtime.sanitize import storable
 
 SQL_DIR = resources.files("diag") / "sql"
 
@@ -459,7 +460,8 @@ def _stored_row(file_row: dict[str, Any], file_id: int) -> dict[str, Any]:
     """A trace_files row as stored: its id, when, and its JSON columns as text."""
     row = dict(file_row, file_id=file_id, ingested_at=datetime.now(timezone.utc).replace(tzinfo=None))
     for key in ("device_props", "distributed_info", "warnings", "read_state"):
-        row[key] = None if row.get(key) is None else json.dumps(row[key])
+        # storable: a warning may quote a lone surrogate from the file, which DuckDB's JSON refuses.
+        row[key] = None if row.get(key) is None else storable(json.dumps(row[key], ensure_ascii=False))
     return row
 
 
