@@ -44,11 +44,9 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def storable(text: str) -> str:
-    """Text that Arrow and DuckDB accept (valid UTF-8): a lone surrogate becomes U+FFFD, or \\xNN
-    for a file name's undecodable byte, as `printable` writes it; everything else is kept."""
-    if text.isascii():
-        return text
-    return _SURROGATE.sub(lambda m: _escape_char(m.group()) if 0xDC80 <= ord(m.group()) <= 0xDCFF else "\ufffd", text)
+    """Text that Arrow and DuckDB accept (valid UTF-8, and valid inside JSON text): each lone
+    surrogate becomes U+FFFD; everything else is kept."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 # A runner trims leading blanks before it looks for `::` (actions/runner ActionCommand.TryParseV2).

@@ -249,6 +249,8 @@ def _tensor_bytes(dims_text: str | None, types_text: str | None) -> float | None
         dims, types = json.loads(dims_text), json.loads(types_text)
     except ValueError:
         return None
+    if not isinstance(dims, list) or not isinstance(types, list):   # `Input Dims`: 5, not [[5]]
+        return None
     sizes = []
     for d, t in zip(dims, types, strict=False):  # malformed records: take what pairs up
         size = _ELEM_BYTES.get(t) if isinstance(t, str) else None
