@@ -9,7 +9,7 @@ DuckDB whatever its size, so the cases of one format run in batches: one directo
 (pipeline.ingest: a bad file is left out with its error), then analyzed, reported and validated, in
 this process. When a batch fails, each of its cases is run alone to name the one that did.
 Some Kineto batches take the big-file path (SPLIT_BYTES lowered: a forked child parses half), some
---salvage. A few hundred cases run as the CLI itself, with careless options (tests/test_fuzz_cli.py).
+--salvage. Then CLI_CASES cases run as the CLI itself, with careless options and paths.
 """
 
 from __future__ import annotations
@@ -18,15 +18,18 @@ import json
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import traceback
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import NO_TRACES
+from helpers import NO_TRACES, run_diag
 
 from diag.api import analyze_opened
 from diag.engine.run import AnalyzeOptions
@@ -37,7 +40,7 @@ from diag.outputs.gate import check_report
 from diag.outputs.report import render_markdown, render_text, to_json
 from diag.runtime import store
 from diag.runtime.errors import BadInput
-from fixtures.fuzz import FORMATS, Sample, mutate, samples, write_case
+from fixtures.fuzz import FORMATS, Sample, cli_case, hostile_options, mutate, outcome, samples, write_case
 
 SEED = 40
 PER_FORMAT = 2000
@@ -143,3 +146,52 @@ def culprit(directory: Path, batch: list[tuple[Sample, bytes]], kineto: bytes | 
             shutil.copytree(directory, kept)
             return f"case {i} alone fails, kept in {kept}: {traceback.format_exc(limit=-4)}"
     return "no case fails alone: it takes the batch"
+
+
+CLI_CASES = 200
+CLI_LIMIT_S = 10
+
+
+def test_no_command_line_ends_in_a_traceback_or_hangs(tmp_path: Path) -> None:
+    """The CLI layer as a user meets it, CLI_CASES whole processes: half `diag analyze` of a damaged
+    file of any format with careless options (an exit-0 JSON report must pass the gate's validator),
+    half careless command lines of analyze, export, gate and mfu over hostile paths (FIFOs, links to
+    /dev/zero, names with newlines and escapes, past PATH_MAX, /dev/full as output)."""
+    by_format = samples()
+    if not by_format["kineto"]:
+        pytest.skip(NO_TRACES)
+    trace = by_format["kineto"][0].data
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "rank-0.json").write_bytes(trace)
+    report = tmp_path / "base.json"
+    report.write_text(run_diag("analyze", str(tmp_path / "good"), "--format", "json").stdout)
+    rng = random.Random(SEED)
+    argvs = []
+    for case in range(CLI_CASES):
+        if case % 2:
+            argvs.append(cli_case(rng, tmp_path, trace, report))
+            continue
+        s = rng.choice(by_format[FORMATS[case // 2 % len(FORMATS)]])
+        directory = write_case(tmp_path / f"case-{case}", s, mutate(rng, s), trace)
+        argvs.append(["analyze", str(directory), *hostile_options(rng), "--format", "json"])
+
+    def one_case(argv: list[str]) -> tuple[str, list[str]]:
+        try:
+            p = subprocess.run([sys.executable, "-m", "diag.cli", *argv], capture_output=True, timeout=CLI_LIMIT_S,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return "hang", argv
+        end = outcome(p.returncode, p.stderr)
+        if end == "exit 0" and argv[0] == "analyze" and argv[-2:] == ["--format", "json"]:
+            try:
+                check_report(json.loads(p.stdout), argv[1])
+            except (BadInput, ValueError) as e:
+                return f"invalid report: {e}", argv
+        return end + (": " + p.stderr.decode(errors="replace")[-300:] if end.startswith(("trace", "int", "sil")) else ""), argv
+
+    with ThreadPoolExecutor(2) as pool:
+        ends = list(pool.map(one_case, argvs))
+    bad = [(end, argv) for end, argv in ends if not end.startswith("exit ")]
+    assert not bad, f"{len(bad)} of {CLI_CASES}; first: {bad[:3]}"
+    counts = Counter(end for end, _ in ends)
+    assert counts["exit 0"] > CLI_CASES // 10 and counts["exit 2"] > CLI_CASES // 10, counts
