@@ -20,7 +20,7 @@ from diag import __version__
 from diag.runtime.arrow_memory import use_system_allocator
 from diag.runtime.batch import collect_seldom, exit_now
 from diag.runtime.blas_threads import one_blas_thread
-from diag.runtime.errors import BadInput, ExitCode, Stopped
+from diag.runtime.errors import BadInput, ExitCode, Stopped, in_words
 from diag.runtime.no_pandas import keep_pandas_out
 from diag.runtime.option_types import (
     NEGATIVE_NUMBER,
@@ -350,6 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and args.command in ("analyze", "ingest"):
         _read_ahead(args)
     code = _run(args)
+    try:
+        sys.stdout.flush()   # what print left in the buffer: its reader may have gone too
+    except BrokenPipeError:
+        code = _closed_pipe()
     if argv is None and args.command in _BATCH:
         exit_now(code)
     return code
@@ -378,6 +382,8 @@ def _run(args: argparse.Namespace) -> int:
         return e.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
     except Exception as e:  # the contract: an internal error is exit 3 with one line, not a traceback
         from diag.runtime.lifetime import stopped_by
 
@@ -389,9 +395,19 @@ def _run(args: argparse.Namespace) -> int:
 
             traceback.print_exc()
             return ExitCode.INTERNAL
-        print(f"diag: internal error: {type(e).__name__}: {printable(str(e))} (set DIAG_DEBUG=1 for the traceback)",
+        # No class name: the line is for the user; DIAG_DEBUG=1 gives the traceback for the report.
+        print(f"diag: internal error (a bug in diag): {printable(in_words(e))} (set DIAG_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return ExitCode.INTERNAL
+
+
+def _closed_pipe() -> int:
+    """stdout's reader is gone: point stdout at /dev/null, so that no later flush (the interpreter's
+    at exit) raises again or prints "Exception ignored", and exit as SIGPIPE would."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return ExitCode.BROKEN_PIPE
 
 
 def _resolve_gpu(args: argparse.Namespace) -> None:

@@ -172,7 +172,7 @@ class Live:
 
     def _ready(self, now: float) -> list[str]:
         try:
-            files, _ = discover([self.directory])
+            files = discover([self.directory]).files
         except BadInput:
             return []                      # the directory is not there (yet)
         ready = []

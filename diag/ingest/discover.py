@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
-from diag.runtime.errors import BadInput
+from diag.runtime.errors import BadInput, in_words
 
 # .log: NCCL Inspector writes `<hostname>-pid<pid>.log`; content decides whether it is one.
 _TRACE_SUFFIXES = (".json", ".json.gz", ".ndjson", ".jsonl", ".log", ".log.gz")
@@ -45,23 +46,37 @@ class NameParts(msgspec.Struct, frozen=True):
     host: str | None     # from tensorboard_trace_handler's default worker name
     pid: int | None
 
-def discover(paths: list[str]) -> tuple[list[str], list[str]]:
-    """(files to ingest, explicitly named files) from files and directories (searched recursively).
+class Found(NamedTuple):
+    files: list[str]             # to ingest
+    explicit: list[str]          # of those, the files named themselves
+    unreadable: list[BadInput]   # directories that could not be listed: their traces, if any, left out
+
+
+def discover(paths: list[str]) -> Found:
+    """The files to ingest from files and directories (searched recursively).
 
     Directory scans take names ending .json/.json.gz/.ndjson/.jsonl and extension-less
     Flight Recorder dumps, in a stable order, whatever they are (what is not a regular file is
-    then left out with a warning); files named explicitly are always taken.
+    then left out with a warning); files named explicitly are always taken. A directory that
+    cannot be listed (permissions) is returned as a BadInput, for the caller to warn about: rglob
+    passes over it without a word.
     """
     found: list[str] = []
     explicit: list[str] = []
+    unreadable: list[BadInput] = []
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            for f in sorted(path.rglob("*")):
+            for f in [path, *sorted(path.rglob("*"))]:
+                if f.is_dir():
+                    reason = _unlistable(f)
+                    if reason:
+                        unreadable.append(BadInput(str(f), f"directory not read ({reason}); its traces, if any, "
+                                                            "left out"))
                 # Not only regular files: a FIFO, a device or a link to one (/dev/zero) under a
                 # trace's name was skipped without a word; read_source refuses it, as a warning.
-                if _looks_like_trace(f) and not f.is_dir():
-                    found.append(str(f.resolve()))
+                elif _looks_like_trace(f):
+                    found.append(_as_found(f))
         elif path.exists():
             # Named explicitly: read_source says what it is if not a regular file (a FIFO, a device).
             found.append(str(path.resolve()))
@@ -69,7 +84,23 @@ def discover(paths: list[str]) -> tuple[list[str], list[str]]:
         else:
             raise BadInput(p, "no such file or directory")
     unique = list(dict.fromkeys(found))
-    return unique, explicit
+    return Found(unique, explicit, unreadable)
+
+
+def _unlistable(directory: Path) -> str | None:
+    """Why `directory` cannot be listed, or None."""
+    try:
+        with os.scandir(directory):
+            return None
+    except OSError as e:
+        return in_words(e)
+
+
+def _as_found(f: Path) -> str:
+    """The file's resolved path (one file reached by two links is read once); a link to what is not a
+    regular file (/dev/zero, a FIFO) by its own name, which its warning then names."""
+    resolved = f.resolve()
+    return str(resolved) if resolved.is_file() or not f.is_symlink() else str(f.absolute())
 
 
 def require_paths(paths: list[str]) -> None:

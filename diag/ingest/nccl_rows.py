@@ -123,7 +123,7 @@ def ops_table(rows: Iterable[NcclOp], source: str) -> tuple[pa.Table, list[str]]
     for field in NCCL_OPS_SCHEMA:
         values = columns[field.name]
         if field.name == "record":
-            values = [_storable_json(v) for v in values]
+            values = [_storable_json(str(v)) for v in values]
         elif field.type == pa.string():   # a lone surrogate from the file has no UTF-8 encoding
             values = [storable(v) if isinstance(v, str) else v for v in values]
         try:

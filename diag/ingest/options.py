@@ -12,7 +12,7 @@ import msgspec
 import pyarrow as pa
 
 from diag.ingest.source import DEFAULT_MAX_BYTES
-from diag.runtime.errors import BadInput
+from diag.runtime.errors import BadInput, in_words
 from diag.runtime.lifetime import raise_if_stopped
 
 if TYPE_CHECKING:
@@ -102,4 +102,4 @@ def failed(path: str, e: Exception) -> BadInput:
         return BadInput(path, "out of memory while parsing; lower --max-bytes or free memory")
     if isinstance(e, RecursionError):
         return BadInput(path, "nested too deeply to be a trace")
-    return BadInput(path, f"could not be read: {type(e).__name__}: {e}")
+    return BadInput(path, f"could not be read: {in_words(e)}")

@@ -64,13 +64,13 @@ def ingest(
     opts: IngestOptions = IngestOptions(),
     progress: Callable[[int, int, str], None] | None = None,
 ) -> IngestResult:
-    files, named = discover(paths)
+    files, named, unreadable = discover(paths)
     explicit = frozenset(named)   # looked up per file: 10,000 files named on the command line
     if opts.rank is not None and len(files) > 1:
         raise BadInput(paths[0], "--rank names the rank of one file; it was given with several")
     known = frozenset(store.known_hashes(con))
     before = priors(con)
-    result = IngestResult()
+    result = IngestResult(errors=list(unreadable))
     seen: dict[str, str] = store.known_hashes(con)
     jobs = min(opts.jobs or os.cpu_count() or 1, len(files))
     # Small files are batched in this process (_in_process; many are parsed on a pool of --jobs

@@ -21,7 +21,7 @@ import pickle
 import struct
 from collections.abc import Iterator
 
-from diag.runtime.errors import BadInput
+from diag.runtime.errors import BadInput, in_words
 
 _CONTAINERS = (dict, list, tuple)
 _LEAVES = (str, int, float, bool, type(None))
@@ -77,7 +77,7 @@ def load_plain(path: str, data: bytes) -> object:
         RecursionError,
     ) as e:
         # What the C unpickler raises on garbled opcodes and arguments.
-        raise BadInput(path, f"not a readable pickle ({type(e).__name__}: {e})") from None
+        raise BadInput(path, f"not a readable pickle ({in_words(e)})") from None
     expanded_size(path, obj, _MAX_OBJECTS_PER_BYTE * max(len(data), _MIN_BYTES))
     return obj
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from diag.runtime.errors import BadInput
+from diag.runtime.errors import BadInput, in_words
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,8 +120,8 @@ def load_model(arg: str) -> ModelSpec:
         raise BadInput(arg, f"not a model preset ({', '.join(PRESETS)}) and not a file")
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise BadInput(arg, f"cannot read the model file: {error}") from error
+    except (OSError, ValueError) as error:   # also TOML's errors and an integer past Python's digits limit
+        raise BadInput(arg, f"cannot read the model file: {in_words(error)}") from error
     table = document.get("model")
     if not isinstance(table, dict):
         raise BadInput(arg, "no [model] table (see DESIGN.md: params, layers, heads, head_dim, seq_len)")

@@ -21,7 +21,7 @@ import msgspec
 
 from diag.attribution.ledger import BUCKETS
 from diag.runtime.durations import number
-from diag.runtime.errors import BadInput
+from diag.runtime.errors import BadInput, in_words
 from diag.runtime.paths import read_capped
 from rules import RULES
 
@@ -73,8 +73,8 @@ def load_budget(path: str | None) -> Budget:
     data = read_capped(path, _MAX_BUDGET_BYTES, "a budget")   # /dev/zero read until the OOM killer came
     try:
         doc = tomllib.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise BadInput(path, f"not a TOML budget: {e}") from e
+    except ValueError as e:   # TOMLDecodeError, UnicodeDecodeError, an integer past Python's digits limit
+        raise BadInput(path, f"not a TOML budget: {in_words(e)}") from e
     return _BudgetReader(path).read(doc)
 
 
@@ -193,6 +193,8 @@ def read_report_json(p: Path) -> Any:
         if b'"traceEvents"' in data:
             return None
         raise BadInput(str(p), f"not JSON ({e.msg}); {_HOW}", len(text[: e.pos].encode("utf-8"))) from e
+    except (ValueError, RecursionError) as e:   # an integer past Python's digits limit, nesting
+        raise BadInput(str(p), f"not a {REPORT_SCHEMA} JSON: {in_words(e)}; {_HOW}") from e
 
 
 _HOW = f"write a baseline with `diag analyze DIR --format json --out base.json` ({REPORT_SCHEMA})"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from enum import IntEnum
 
 from diag.runtime.sanitize import printable
@@ -14,6 +16,9 @@ class ExitCode(IntEnum):
     GATE_FAILED = 1
     BAD_INPUT = 2
     INTERNAL = 3
+    # stdout's reader went away (`diag analyze ... | head -1`): quietly, as a POSIX tool that SIGPIPE
+    # ends (128 + 13); never 0, which would pass a gate whose verdict nobody read.
+    BROKEN_PIPE = 141
 
 
 class BadInput(Exception):
@@ -81,3 +86,26 @@ def require(package: str, command: str, extra: str) -> None:
 
     if importlib.util.find_spec(package) is None:
         raise MissingExtra(command, package, extra)
+
+
+# A library's class prefix on its message: DuckDB's "Conversion Error: ", "Invalid Input Error: ".
+_CLASS_PREFIX = re.compile(r"^(?:[A-Z][a-z]+ )*(?:Error|Exception): ")
+
+
+def in_words(e: BaseException) -> str:
+    """An unexpected exception's message as a user reads it: one line, without Python's class names
+    or its advice to the programmer (`sys.set_int_max_str_digits()`, `unhashable type: 'list'`)."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror[0].lower() + e.strerror[1:]
+    if isinstance(e, UnicodeError):
+        return "text that is not valid UTF-8"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, MemoryError):
+        return "out of memory"
+    text = str(e).split("\n")[0].strip()
+    if isinstance(e, ValueError) and "integer string conversion" in text:
+        return f"an integer of more than {sys.get_int_max_str_digits()} digits"
+    if text.startswith("unhashable type"):
+        return "a list or object where a name or number belongs"
+    return _CLASS_PREFIX.sub("", text) or "an unexpected fault"
