@@ -117,6 +117,13 @@ def _keep(keep: Path, case: int, directory: Path, argv: list[str], stderr: bytes
     (dest / "stderr.txt").write_bytes(stderr[-4000:])
 
 
+def _totals(counts: Counter[tuple[str, str]]) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for (_, outcome), n in counts.items():
+        out[outcome] += n
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=5000)
@@ -129,17 +136,24 @@ def main() -> int:
     keep.mkdir(parents=True, exist_ok=True)
     counts: Counter[tuple[str, str]] = Counter()
     t0 = time.monotonic()
+    # SIGTERM ends the run early with the counts so far (a shared machine's time runs out).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_case, c, args.seed, Path(work), keep)
                    for c in range(args.first, args.first + args.cases)]
-        for i, f in enumerate(futures, 1):
-            counts[f.result()] += 1
-            if i % 250 == 0:
-                print(f"{i} cases, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    outcomes = Counter[str]()
+        try:
+            for i, f in enumerate(futures, 1):
+                counts[f.result()] += 1
+                if i % 50 == 0:
+                    print(f"{i} cases, {time.monotonic() - t0:.0f} s: {dict(_totals(counts))}", file=sys.stderr,
+                          flush=True)
+        except (KeyboardInterrupt, SystemExit):
+            for f in futures:
+                f.cancel()
+            print(f"stopped after {sum(counts.values())} cases", flush=True)
     for (fmt, outcome), n in sorted(counts.items()):
         print(f"{fmt:16} {outcome:16} {n}")
-        outcomes[outcome] += n
+    outcomes = _totals(counts)
     print(f"all: {dict(sorted(outcomes.items()))} in {time.monotonic() - t0:.0f} s; failures kept in {keep}")
     bad = sum(n for o, n in outcomes.items() if o.split(" (")[0] in ("traceback", "hang", "invalid report")
               or o.startswith("exit ") and int(o.split()[1]) not in ALLOWED)
