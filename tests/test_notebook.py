@@ -100,9 +100,9 @@ def test_ledger_is_rank_by_step_by_bucket(run: Run) -> None:
     # The report's ledger_by_rank is that rank's seconds in the bucket over its steps' seconds.
     windows = led.group_by("rank", "step").agg(pl.col("seconds").sum().alias("window"))
     for (rank, bucket), group in led.group_by("rank", "bucket"):
-        total = windows.filter(pl.col("rank") == rank)["window"].sum()
-        assert group["seconds"].sum() / total == pytest.approx(run.document["ledger_by_rank"][str(rank)][bucket],
-                                                               abs=1e-12)
+        total = float(windows.filter(pl.col("rank") == rank)["window"].sum())
+        share = float(group["seconds"].sum()) / total
+        assert share == pytest.approx(run.document["ledger_by_rank"][str(rank)][bucket], abs=1e-12)
 
 
 def test_steps_windows_are_the_report_s(run: Run) -> None:
