@@ -442,6 +442,17 @@ def test_same_seed_same_bytes(tmp_path: Path) -> None:
         assert path.read_bytes() == (tmp_path / "b" / path.name).read_bytes(), path.name
 
 
+@pytest.mark.parametrize("case", ["straggler", "pipeline_1f1b", "moe_rotating", "item_sync"])
+def test_streamed_run_writes_the_same_bytes(tmp_path: Path, case: str) -> None:
+    """Streamed (every rank laid down again alone from the collectives of a run that kept nothing,
+    as generate does above STREAM_RANKS), a case's files and truth are byte-equal with the run
+    held whole: pipelines' sends, experts' all-to-alls, the host's syncs inside a step."""
+    generate(case, tmp_path / "whole", stream=False)
+    generate(case, tmp_path / "streamed", stream=True)
+    for path in (tmp_path / "whole").iterdir():
+        assert path.read_bytes() == (tmp_path / "streamed" / path.name).read_bytes(), path.name
+
+
 @pytest.mark.parametrize(("argv", "reason"), [
     (["thin_gemm", "--ranks", "4"], "not a multiple of tp"),
     (["straggler", "--ranks", "4"], "straggler_rank 5"),
