@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 # The real CLI, with a file's split (its second part parsed in a forked child) from 64 kB, not
 # 16 MiB, and the analysis map's pool (engine._map_pool) from 2 files, not 512, one file a call.
 _CLI = "import sys; from diag.engine import rank_map, run as engine; from diag.ingest import kineto_split; " \
-       "kineto_split.SPLIT_BYTES = 1 << 16; engine.POOL_FILES = 2; rank_map.BATCH_FILES = 1; " \
+       "kineto_split.SPLIT_BYTES = 1 << 16; engine.POOL_FILES = 2; engine.POOL_MEAN_EVENTS = 1 << 30; " \
+       "rank_map.BATCH_FILES = 1; " \
        "from diag.cli import main; sys.exit(main(sys.argv[1:]))"
 
 

@@ -41,6 +41,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # two workers, which parse too.
 _POOLED = "import sys; from diag.engine import rank_map, run as engine; from diag.ingest import pipeline; " \
           "engine.POOL_FILES = pipeline.POOL_FILES = 2; pipeline._POOL_BATCH = rank_map.BATCH_FILES = 1; " \
+          "engine.POOL_MEAN_EVENTS = pipeline.POOL_MEAN_BYTES = 1 << 30; " \
           "from diag.cli import main; sys.exit(main())"
 
 

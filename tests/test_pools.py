@@ -40,6 +40,8 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> type[_Counted]:
     """Pools for 3 files or more, on 2 workers whatever this machine's cores."""
     _Counted.made = 0
     monkeypatch.setattr(pipeline, "POOL_FILES", 3)
+    monkeypatch.setattr(pipeline, "POOL_MEAN_BYTES", 1 << 30)   # the generated ranks are not 20 kernels
+    monkeypatch.setattr(engine, "POOL_MEAN_EVENTS", 1 << 30)
     monkeypatch.setattr(pipeline, "_POOL_BATCH", 2)   # several batches, one of them partial
     monkeypatch.setattr(pipeline, "LocalExecutor", _Counted)
     monkeypatch.setattr(engine, "POOL_FILES", 3)

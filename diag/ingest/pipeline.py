@@ -55,7 +55,12 @@ _HELD_FILES = 64
 
 
 def _small(path: str) -> bool:
-    return _size(path) * (_GZIP_RATIO if path.endswith(".gz") else 1) < _SMALL_FILE_BYTES
+    return _json_size(path) < _SMALL_FILE_BYTES
+
+
+def _json_size(path: str) -> int:
+    """About how much JSON a file holds: a gzipped file counts as _GZIP_RATIO times its size."""
+    return _size(path) * (_GZIP_RATIO if path.endswith(".gz") else 1)
 
 
 def ingest(
@@ -190,13 +195,18 @@ _POOL_BATCH = 128
 # generated ranks of 0.9 MB, 128 files a batch, held ~1 GB in this process and ~350 MB in each
 # worker (issue 41); files of 20 kernels (~13 kB) still go 128 at a time.
 _POOL_BATCH_BYTES = 16 * 1024**2
+# Only files this small on average go to the pool: its gain is their fixed cost divided among cores,
+# and its price is per byte (each table pickled back, a worker's imports and batches in memory).
+# 512 generated ranks of 0.67 MB took 20% more CPU with the pools than in one process, and peaked
+# at 705 MB against 402 MB (issue 41); a file of 20 kernels is ~13 kB.
+POOL_MEAN_BYTES = 64 * 1024
 
 
 def _parse_ahead(paths: list[str], known: frozenset[str], opts: IngestOptions, explicit: frozenset[str],
                  split: bool) -> Generator[_Held | Skipped | BadInput | None, None, None]:
     """_parse_small of each path, in order: here, each when it is asked for, or in a pool."""
     workers = opts.jobs or os.cpu_count() or 1
-    if len(paths) < POOL_FILES or workers < 2:
+    if len(paths) < POOL_FILES or workers < 2 or sum(map(_json_size, paths)) > POOL_MEAN_BYTES * len(paths):
         for p in paths:
             yield _parse_small(p, known, opts, p in explicit, split)
         return
@@ -211,7 +221,7 @@ def _pool_batches(paths: list[str]) -> list[list[str]]:
     batches: list[list[str]] = []
     total = 0
     for p in paths:
-        size = _size(p) * (_GZIP_RATIO if p.endswith(".gz") else 1)
+        size = _json_size(p)
         if not batches or len(batches[-1]) == _POOL_BATCH or total + size > _POOL_BATCH_BYTES:
             batches.append([])
             total = 0
