@@ -30,7 +30,7 @@ Workloads:
            bench/ingest.py's make_big) into a store, against orjson, msgspec and HTA's parse
   big      the same big trace analyzed to a printed report, against HTA's analyses of it
   ranks    for each count in --ranks, that many generated ranks (the fixture generator's
-           `straggler` case, ~0.6-0.9 MB each, kept in --data between runs) analyzed to a report,
+           `straggler` case, ~0.67 MB each, kept in --data between runs) analyzed to a report,
            against HTA; CPU per MB shows whether ranks cost more than their bytes
   small    for each count in --small-files, that many rank files of 20 kernels each:
            `diag ingest` into a store, then `diag analyze` of it
