@@ -120,7 +120,7 @@ def test_store_memory_is_capped_and_spills_to_a_private_directory(tmp_path: Path
     assert os.path.isabs(temp) and Path(temp).parent != Path.cwd(), temp
     assert store.MEMORY_LIMIT_BYTES <= 1024**3
     # An in-memory store holds the whole run; a file store's blocks are compressed and evictable.
-    assert limit == f"{store.MEMORY_STORE_LIMIT_BYTES // 1024**2}.0 MiB" and store.MEMORY_STORE_LIMIT_BYTES <= 256 * 1024**2, limit
+    assert limit == f"{store.MEMORY_STORE_LIMIT_BYTES // 1024**2}.0 MiB" and store.MEMORY_STORE_LIMIT_BYTES <= 512 * 1024**2, limit
     con.close()
     con = store.connect(tmp_path / "x.duckdb")
     assert one(con, "SELECT current_setting('temp_directory')") == (str(tmp_path / "x.duckdb.tmp"),)
