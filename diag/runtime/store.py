@@ -50,9 +50,9 @@ MEMORY_LIMIT_BYTES = min(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"
 # in table blocks it does not compress: 512 generated ranks peaked at 1.18 GB with 582 MB of them
 # (issue 41), and 4,096 ranks would need GBs. The analysis reads one rank's rows at a time, so past
 # this limit DuckDB writes the blocks to temp_directory and reads a rank's back when it is mapped.
-# Not less: 4,096 ranks ran out of memory at 256 MiB in engine.run._mesh's query of the files'
-# pg_config (every file lists the default group's 4,096 ranks, 24 kB of JSON parsed 2,048 rows at a
-# time); 512 ranks passed at 48 MiB.
+# 512 ranks passed even at 48 MiB; 4,096 ranks ran out of memory at 256 and at 512 MiB, after the
+# map, in engine.run._mesh's query of the files' pg_config (every file lists the default group's
+# 4,096 ranks: 24 kB of JSON a file), which is to read them in batches (issue 41).
 MEMORY_STORE_LIMIT_BYTES = min(MEMORY_LIMIT_BYTES, 512 * 1024**2)
 
 
