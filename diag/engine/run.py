@@ -268,24 +268,35 @@ def _reduce(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], rules: list
     return Analysis(run, findings, spec, flops_source, paths)
 
 
+_MESH_BATCH = 256
+
+
 def _mesh(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest], matched: list[Matched], world: int,
           host: bool) -> Mesh:
     """The parallel layout (attribution/mesh.py) from each traced file's pg_config, the collectives and
     the process groups Flight Recorder dumps name. Every rank lists the default group with all its
-    ranks: the entries are made distinct in DuckDB, so 10,000 ranks' lists are not parsed in Python."""
-    files = f"file_id IN ({store.id_set(sorted({r.file_id for r in ranks}))}) AND distributed_info IS NOT NULL"
-    entries = sorted(e for (e,) in con.execute(
-        f"SELECT DISTINCT CAST(unnest(json_extract(distributed_info, '$.pg_config[*]')) AS VARCHAR) FROM trace_files "
-        f"WHERE {files} AND json_type(distributed_info, '$.pg_config') = 'ARRAY'").fetchall())
-    listing, mappings = con.execute(
-        "SELECT count(*) FILTER (WHERE json_type(distributed_info, '$.pg_config') = 'ARRAY'), "
-        "list(json_extract(distributed_info, '$.pg_config')) FILTER (WHERE json_type(distributed_info, "
-        f"'$.pg_config') = 'OBJECT') FROM trace_files WHERE {files}").fetchall()[0]
+    ranks: the entries are made distinct in DuckDB, so 10,000 ranks' lists are not parsed in Python.
+    A few hundred files a query: 4,096 ranks' lists (24 kB each) read at once ran DuckDB past its
+    512 MiB limit; each batch's entries are made distinct there and merged here."""
+    ids = sorted({r.file_id for r in ranks})
+    distinct: set[str] = set()
+    listing, mappings = 0, list[str]()
+    for at in range(0, len(ids), _MESH_BATCH):
+        part = f"file_id IN ({store.id_set(ids[at:at + _MESH_BATCH])}) AND distributed_info IS NOT NULL"
+        distinct.update(e for (e,) in con.execute(
+            f"SELECT DISTINCT CAST(unnest(json_extract(distributed_info, '$.pg_config[*]')) AS VARCHAR) "
+            f"FROM trace_files WHERE {part} AND json_type(distributed_info, '$.pg_config') = 'ARRAY'").fetchall())
+        n, maps = con.execute(
+            "SELECT count(*) FILTER (WHERE json_type(distributed_info, '$.pg_config') = 'ARRAY'), "
+            "list(json_extract(distributed_info, '$.pg_config')) FILTER (WHERE json_type(distributed_info, "
+            f"'$.pg_config') = 'OBJECT') FROM trace_files WHERE {part}").fetchall()[0]
+        listing, mappings = listing + n, mappings + (maps or [])
+    entries = sorted(distinct)
     fr = con.execute("SELECT DISTINCT pg_name, pg_desc, n_ranks FROM nccl_ops WHERE source = 'flight_recorder' "
                      "AND pg_name IS NOT NULL ORDER BY ALL").fetchall()
-    configs = [f"[{','.join(entries)}]", *(mappings or [])]
+    configs = [f"[{','.join(entries)}]", *mappings]
     return infer(configs, matched, world, (r.gpus_per_node for r in ranks), host, fr,
-                 config_ranks=listing + len(mappings or []), host_of=_host_names(con, ranks))
+                 config_ranks=listing + len(mappings), host_of=_host_names(con, ranks))
 
 
 def _host_names(con: duckdb.DuckDBPyConnection, ranks: list[RankDigest]) -> dict[int, str]:
