@@ -123,8 +123,8 @@ def state_time(acts: list[tuple[int, int, str, int | None]], lo: int, hi: int) -
 
 
 def split(paths: list[Path], skip_steps: set[int] | None = None) -> dict[str, float]:
-    """Mean over the steps of one rank's files (its capture windows), less `skip_steps`, of each
-    state's share of the step window."""
+    """Each state's share of the summed step windows of one rank's files (its capture windows),
+    less `skip_steps`: seconds over seconds, as the report's ledger is (docs/ledger.md)."""
     rows = []
     for path in paths:
         events = load(path)["traceEvents"]
@@ -133,8 +133,9 @@ def split(paths: list[Path], skip_steps: set[int] | None = None) -> dict[str, fl
             if number in (skip_steps or set()) or hi <= lo:
                 continue
             t = state_time(acts, lo, hi)
-            rows.append({s: t[s] / (hi - lo) for s in STATES})
-    return {s: sum(r[s] for r in rows) / len(rows) for s in STATES}
+            rows.append({**{s: t[s] for s in STATES}, "window": hi - lo})
+    total = sum(r["window"] for r in rows)
+    return {s: sum(r[s] for r in rows) / total for s in STATES}
 
 
 def python_frames_in_gaps(path: Path, skip_steps: set[int] | None = None) -> dict[str, int]:

@@ -75,8 +75,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cpu_captures")]
 NOISE = "MFU005"
 
 
+# On a host timeline the two processes' threads idle while the other holds both cores (the
+# scheduler, not the job): MFU013 rose to high on a healthy run twice (CI, 2026-12-04) and was
+# low on the next run of the same tree.
+SCHEDULER_IDLE = "MFU013"
+
+
 def test_a_healthy_run_raises_nothing_major(healthy: dict[str, Any]) -> None:
-    major = [f["code"] for f in healthy["findings"] if f["severity"] == "high" and f["code"] != NOISE]
+    major = [f["code"] for f in healthy["findings"] if f["severity"] == "high" and f["code"] not in (NOISE, SCHEDULER_IDLE)]
     assert not major, healthy["findings"]
 
 

@@ -125,9 +125,10 @@ def test_files_have_kineto_form(run: Run) -> None:
             for key in ("ts", "dur"):
                 if isinstance(e.get(key), float):
                     assert abs(e[key] * 1000 - ns(e[key])) < 1e-3, f"{key} {e[key]} has more than 3 decimals"
-        # Fixtures stay small: about 1 MB of JSON per rank.
+        # Fixtures stay small: about 1 MB of JSON per rank
         text = gzip.decompress(run.files[rank].read_bytes()) if s.gzip else run.files[rank].read_bytes()
-        assert len(text) < 1_100_000, f"{run.files[rank].name}: {len(text)} bytes"
+        # (the schedule cases hold every microbatch's F/I/W action spans: up to 2.4 MB)
+        assert len(text) < 2_500_000, f"{run.files[rank].name}: {len(text)} bytes"
 
 
 def test_file_names_follow_the_naming(run: Run) -> None:
@@ -258,8 +259,9 @@ def test_ledger_sums_to_each_step(run: Run) -> None:
         assert compute == pytest.approx(st["state_ns"]["compute"] / 1e9, abs=1e-12)
         assert buckets["memcpy"] == pytest.approx(st["state_ns"]["copy"] / 1e9, abs=1e-12)
     kept = analyzed(run)   # warm-up and teardown are not in the MFU
-    mfu = sum(st["ledger_s"]["model_compute"] / ((st["window_end_ns"] - st["window_start_ns"]) / 1e9)
-              for st in kept) / len(kept)
+    # Σ model seconds ÷ Σ windows (docs/ledger.md): the MFU over the analyzed time
+    mfu = (sum(st["ledger_s"]["model_compute"] for st in kept)
+           / sum((st["window_end_ns"] - st["window_start_ns"]) / 1e9 for st in kept))
     assert run.truth["mfu"] == pytest.approx(mfu, rel=1e-12)
 
 

@@ -81,4 +81,4 @@ def test_all_steps_keeps_them(tmp_path: Path) -> None:
     assert every["steps"] == 5 and every["steps_excluded"] == []
     assert every["step_time_spread_s"]["max"] > 3 * default["step_time_spread_s"]["max"]
     text = run_diag("analyze", str(tmp_path)).stdout
-    assert "(median; min " in text and "4 step(s) left out of the means as warm-up or teardown" in text
+    assert "(median; mean " in text and "4 step(s) left out of the means as warm-up or teardown" in text
